@@ -1,0 +1,244 @@
+"""Frozen, hashable configs: the Qwen3 backbone (`ModelConfig`), the Zarya diffusion
+hyperparameters (`ZaryaConfig`, SPEC §1–§3) and the gated-LoRA adapter (`LoraConfig`, SPEC §7).
+
+Configs are jit-static: every field is a Python scalar or tuple, so a config can be passed as a
+`static_argnums` argument and hashed into a compile cache key.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import jax.numpy as jnp
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+class ConfigError(ValueError):
+    """A config value is out of range or of the wrong kind."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Qwen3 decoder dimensions (SPEC §1). `dtype` is the compute dtype, `param_dtype` the storage one."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = True
+    max_position_embeddings: int = 40960
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    mask_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+    remat: bool = False
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim", "max_position_embeddings"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"ModelConfig.{name}={value!r}: expected a positive integer")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"ModelConfig.num_heads={self.num_heads} is not a multiple of "
+                f"num_kv_heads={self.num_kv_heads}")
+        for name in ("dtype", "param_dtype"):
+            if getattr(self, name) not in _DTYPES:
+                raise ConfigError(f"ModelConfig.{name}={getattr(self, name)!r}: expected one of {sorted(_DTYPES)}")
+        if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size:
+            raise ConfigError(
+                f"ModelConfig.mask_token_id={self.mask_token_id} outside the vocabulary [0, {self.vocab_size})")
+
+    @property
+    def jnp_dtype(self):
+        return _DTYPES[self.dtype]
+
+    @property
+    def jnp_param_dtype(self):
+        return _DTYPES[self.param_dtype]
+
+    def replace(self, **changes) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+    def num_params(self) -> int:
+        """Parameter count (embeddings included once when tied)."""
+        d, f, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        q = self.num_heads * self.head_dim
+        kv = self.num_kv_heads * self.head_dim
+        layer = d * q + 2 * d * kv + q * d + 3 * d * f + 2 * d + 2 * self.head_dim
+        head = 0 if self.tie_word_embeddings else d * v
+        return v * d + self.num_layers * layer + d + head
+
+
+@dataclasses.dataclass(frozen=True)
+class ZaryaConfig:
+    """Zarya's diffusion hyperparameters (SPEC §1–§3), defaults from the paper / ReFusion."""
+
+    alpha0: float = 0.25
+    eps: float = 1e-3
+    diffusion_loss_proportion: float = 0.5
+    sequential_shuffle: bool = False
+    diffusion_shuffle: bool = False
+    ordered_sampling: bool = False
+    grouped_noise: bool = False
+    max_span_length: int = 8
+    noise_sorting: bool = False
+    slotted_training: bool = True
+    slot_size_set: tuple[int, ...] = (2, 4, 8, 16, 32, 64)
+    slot_step_borders: tuple[float, ...] = (0.06, 0.2, 0.4, 0.6, 0.8, 1.0)
+    antithetic_sampling: bool = False
+    elbo_weight: bool = False  # Eso-LM's α0(1−eps)/(1−α_t) instead of 1/p_mask (SPEC §3.3)
+
+    def __post_init__(self):
+        object.__setattr__(self, "slot_size_set", tuple(int(s) for s in self.slot_size_set))
+        object.__setattr__(self, "slot_step_borders", tuple(float(b) for b in self.slot_step_borders))
+        if not 0.0 < self.alpha0 <= 1.0:
+            raise ConfigError(f"ZaryaConfig.alpha0={self.alpha0}: expected a value in (0, 1]")
+        if not 0.0 <= self.eps < 1.0:
+            raise ConfigError(f"ZaryaConfig.eps={self.eps}: expected a value in [0, 1)")
+        if not 0.0 <= self.diffusion_loss_proportion <= 1.0:
+            raise ConfigError(
+                f"ZaryaConfig.diffusion_loss_proportion={self.diffusion_loss_proportion}: expected [0, 1]")
+        if self.max_span_length < 1:
+            raise ConfigError(f"ZaryaConfig.max_span_length={self.max_span_length}: expected ≥ 1")
+        if not self.slot_size_set or any(s < 1 for s in self.slot_size_set):
+            raise ConfigError(f"ZaryaConfig.slot_size_set={self.slot_size_set}: expected positive sizes")
+        if len(self.slot_size_set) != len(self.slot_step_borders):
+            raise ConfigError(
+                f"ZaryaConfig.slot_step_borders={self.slot_step_borders} must have one border per slot size "
+                f"in slot_size_set={self.slot_size_set}")
+        if list(self.slot_step_borders) != sorted(self.slot_step_borders):
+            raise ConfigError(f"ZaryaConfig.slot_step_borders={self.slot_step_borders}: expected increasing")
+
+    def replace(self, **changes) -> "ZaryaConfig":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+    """Gated LoRA on the seven projections (SPEC §7); the update is scaled by alpha / rank."""
+
+    rank: int = 128
+    alpha: float = 2048.0
+
+    def __post_init__(self):
+        if self.rank < 1:
+            raise ConfigError(f"LoraConfig.rank={self.rank}: expected ≥ 1")
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+
+# Hugging Face's exact dimensions (Qwen/Qwen3-*/config.json); vocab before the mask token is added.
+PRESETS: dict[str, ModelConfig] = {
+    "qwen3-0.6b": ModelConfig(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_layers=28,
+                              num_heads=16, num_kv_heads=8, head_dim=128, tie_word_embeddings=True,
+                              eos_token_id=151645, dtype="bfloat16"),
+    "qwen3-1.7b": ModelConfig(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_layers=28,
+                              num_heads=16, num_kv_heads=8, head_dim=128, tie_word_embeddings=True,
+                              eos_token_id=151645, dtype="bfloat16"),
+    "qwen3-4b": ModelConfig(vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_layers=36,
+                            num_heads=32, num_kv_heads=8, head_dim=128, tie_word_embeddings=True,
+                            eos_token_id=151645, dtype="bfloat16"),
+    # Tiny presets for tests and the CPU quickstart (vocab fits the byte tokenizer + specials).
+    "tiny": ModelConfig(vocab_size=264, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                        num_kv_heads=2, head_dim=16, max_position_embeddings=2048),
+    "small": ModelConfig(vocab_size=264, hidden_size=256, intermediate_size=768, num_layers=4, num_heads=8,
+                         num_kv_heads=4, head_dim=32, max_position_embeddings=4096),
+    "100m": ModelConfig(vocab_size=32768, hidden_size=768, intermediate_size=2048, num_layers=12,
+                        num_heads=12, num_kv_heads=4, head_dim=64, tie_word_embeddings=True),
+}
+
+
+def preset(name: str) -> ModelConfig:
+    if name not in PRESETS:
+        raise ConfigError(f"unknown model preset {name!r}: expected one of {sorted(PRESETS)}")
+    return PRESETS[name]
+
+
+# ---------------------------------------------------------------- Hugging Face config.json
+
+SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM",)
+
+
+def from_hf_dict(hf: dict[str, Any]) -> tuple[ModelConfig, ZaryaConfig | None]:
+    """Reads a Hugging Face Qwen3 `config.json` dict (transformers 4 or 5 spelling of rope theta)."""
+    archs = hf.get("architectures") or []
+    model_type = hf.get("model_type")
+    if model_type != "qwen3" or (archs and not set(archs) & set(SUPPORTED_ARCHITECTURES)):
+        raise ConfigError(
+            f"unsupported architecture {archs or model_type!r} (model_type={model_type!r}): "
+            f"supported are {list(SUPPORTED_ARCHITECTURES)} (model_type 'qwen3')")
+    if hf.get("attention_bias"):
+        raise ConfigError("attention_bias=True is not supported: Qwen3 checkpoints have no attention bias")
+    if hf.get("use_sliding_window"):
+        raise ConfigError("use_sliding_window=True is not supported: expected full attention in every layer")
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        raise ConfigError(f"rope_type={rope_type!r} is not supported: expected 'default'")
+    theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
+    heads = hf["num_attention_heads"]
+    eos = hf.get("eos_token_id")
+    if isinstance(eos, list):
+        eos = eos[0] if eos else None
+    dtype = hf.get("dtype", hf.get("torch_dtype")) or "float32"
+    config = ModelConfig(
+        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
+        num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads, rope_theta=float(theta),
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        max_position_embeddings=hf.get("max_position_embeddings", 40960),
+        dtype=dtype if dtype in _DTYPES else "float32",
+        param_dtype=dtype if dtype in _DTYPES else "float32",
+        mask_token_id=hf.get("mask_token_id"), eos_token_id=eos, pad_token_id=hf.get("pad_token_id"))
+    zarya = hf.get("zarya")
+    return config, (ZaryaConfig(**zarya) if zarya else None)
+
+
+def to_hf_dict(config: ModelConfig, zarya: ZaryaConfig | None = None) -> dict[str, Any]:
+    """Writes a transformers-5 Qwen3 `config.json` dict (rope theta in both spellings)."""
+    hf = {
+        "architectures": list(SUPPORTED_ARCHITECTURES), "model_type": "qwen3",
+        "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
+        "head_dim": config.head_dim, "hidden_act": "silu",
+        "max_position_embeddings": config.max_position_embeddings, "rms_norm_eps": config.rms_norm_eps,
+        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+        "rope_theta": config.rope_theta, "tie_word_embeddings": config.tie_word_embeddings,
+        "attention_bias": False, "attention_dropout": 0.0, "use_sliding_window": False,
+        "dtype": config.param_dtype, "eos_token_id": config.eos_token_id,
+        "pad_token_id": config.pad_token_id, "mask_token_id": config.mask_token_id,
+    }
+    if zarya is not None:
+        hf["zarya"] = dataclasses.asdict(zarya)
+    return hf
+
+
+def to_dict(config) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+def model_config_from_dict(d: dict[str, Any]) -> ModelConfig:
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = set(d) - known
+    if unknown:
+        raise ConfigError(f"unknown ModelConfig fields {sorted(unknown)}")
+    return ModelConfig(**d)
+
+
+def dumps(config) -> str:
+    return json.dumps(to_dict(config), indent=2, sort_keys=True)

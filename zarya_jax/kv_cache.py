@@ -1,0 +1,52 @@
+"""Static KV cache `[layers, batch, max_len, kv_heads, head_dim]` with per-row lengths (SPEC §4).
+
+The cache's row order is the *physical* order: rows are appended in commit order, whatever their
+logical positions. The model returns a window's K/V; `commit` appends a chosen subset of the window's
+rows (in window order) after each row's current length. Rows not kept (mask tokens' K/V, draft rows)
+are simply never written, so nothing has to be rolled back.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .config import ModelConfig
+
+Array = jax.Array
+
+
+def init(config: ModelConfig, batch: int, max_len: int) -> dict:
+    shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+    return {"k": jnp.zeros(shape, config.jnp_dtype), "v": jnp.zeros(shape, config.jnp_dtype),
+            "length": jnp.zeros((batch,), jnp.int32)}
+
+
+def max_len(cache: dict) -> int:
+    return cache["k"].shape[2]
+
+
+def commit(cache: dict, window_kv: tuple[Array, Array], keep: Array) -> dict:
+    """Appends the kept window rows. window_kv: ([layers, b, t, k, q], same); keep bool [b, t].
+
+    Kept rows land contiguously at `length, length+1, …` in window order; rows past the cache's end
+    are dropped (callers size the cache so this never happens).
+    """
+    k_win, v_win = window_kv
+    s = max_len(cache)
+    keep = keep.astype(bool)
+    slot = cache["length"][:, None] + jnp.cumsum(keep, axis=1) - 1
+    index = jnp.where(keep, slot, s)  # out of range → dropped
+
+    def write(buf, win):  # buf [layers, s, k, q], win [layers, t, k, q], idx [t]
+        return jax.vmap(lambda bb, ww, ii: bb.at[:, ii].set(ww.astype(bb.dtype), mode="drop"),
+                        in_axes=(1, 1, 0), out_axes=1)(buf, win, index)
+
+    return {"k": write(cache["k"], k_win), "v": write(cache["v"], v_win),
+            "length": cache["length"] + keep.sum(axis=1).astype(jnp.int32)}
+
+
+def valid_mask(cache: dict, window: int) -> Array:
+    """bool [b, window, s]: every window row sees every committed cache row."""
+    s = max_len(cache)
+    valid = jnp.arange(s)[None, :] < cache["length"][:, None]
+    return jnp.broadcast_to(valid[:, None, :], (valid.shape[0], window, s))

@@ -1,0 +1,227 @@
+"""Qwen3 in Flax Linen (SPEC §0–§1), pure: `Qwen3(config).apply({'params': p}, tokens, positions, ...)`.
+
+Two orders (SPEC §0): RoPE reads the *logical* `positions`; attention reads a boolean mask over the
+*physical* order of the input (and of the KV cache). With no mask the window is plainly causal.
+
+KV cache (see `kv_cache.py`): the model never mutates it. Given a cache it attends from the window to
+the cache's valid rows plus the window itself and returns the window's own K/V,
+`[layers, batch, window, kv_heads, head_dim]`, so the caller decides which rows to commit.
+
+Gated LoRA (SPEC §7): with `lora` set, each of the seven projections carries an adapter in the
+separate variable collection `'lora'`, applied only on rows where `gate` is true; gate-off rows are
+bit-identical to the base model.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from .config import LoraConfig, ModelConfig
+
+Array = jax.Array
+NEG_INF = -1e30  # finite, so a fully masked (padding) query row yields a uniform, not NaN, softmax
+
+
+def rms_norm(x: Array, scale: Array, eps: float) -> Array:
+    """RMSNorm in fp32, cast back before the scale, as Hugging Face's Qwen3RMSNorm."""
+    dtype = x.dtype
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return scale.astype(dtype) * x32.astype(dtype)
+
+
+def rope(x: Array, positions: Array, theta: float) -> Array:
+    """Rotary embedding, half-split convention. x [b, t, n, q], positions [b, t] (logical)."""
+    half = x.shape[-1] // 2
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2.0 / x.shape[-1]))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [b, t, half]
+    cos = jnp.cos(angles)[:, :, None, :].astype(x.dtype)
+    sin = jnp.sin(angles)[:, :, None, :].astype(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+class RMSNorm(nn.Module):
+    eps: float
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.param_dtype)
+        return rms_norm(x, scale, self.eps)
+
+
+class Proj(nn.Module):
+    """A bias-free projection `x[..., in] -> [..., out]` with an optional gated LoRA adapter.
+
+    The kernel is `[*in_shape, *out_shape]`; the adapter is `a [in, r]`, `b [r, out]` (flattened),
+    with `b` zero-initialised so a fresh adapter is the identity.
+    """
+
+    in_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    dtype: Any
+    param_dtype: Any
+    lora: LoraConfig | None = None
+
+    @nn.compact
+    def __call__(self, x: Array, gate: Array | None) -> Array:
+        n_in = len(self.in_shape)
+        kernel = self.param("kernel", nn.initializers.normal(0.02), self.in_shape + self.out_shape,
+                            self.param_dtype)
+        batch_letters = "abcde"[: x.ndim - n_in]
+        in_letters = "ijkl"[:n_in]
+        out_letters = "mnop"[: len(self.out_shape)]
+        y = jnp.einsum(f"{batch_letters}{in_letters},{in_letters}{out_letters}->{batch_letters}{out_letters}",
+                       x.astype(self.dtype), kernel.astype(self.dtype))
+        if self.lora is None:
+            return y
+        fan_in = 1
+        for s in self.in_shape:
+            fan_in *= s
+        fan_out = 1
+        for s in self.out_shape:
+            fan_out *= s
+        a = self.variable("lora", "a", lambda: nn.initializers.normal(fan_in ** -0.5)(
+            self.make_rng("lora"), (fan_in, self.lora.rank), self.param_dtype)).value
+        b = self.variable("lora", "b", lambda: jnp.zeros((self.lora.rank, fan_out), self.param_dtype)).value
+        x_flat = x.reshape(x.shape[: x.ndim - n_in] + (fan_in,)).astype(self.dtype)
+        delta = (x_flat @ a.astype(self.dtype)) @ b.astype(self.dtype) * self.lora.scale
+        delta = delta.reshape(y.shape).astype(y.dtype)
+        on = gate.reshape(gate.shape + (1,) * (y.ndim - gate.ndim))
+        return jnp.where(on, y + delta, y)
+
+
+def attend(q: Array, k: Array, v: Array, mask: Array) -> Array:
+    """GQA attention in fp32. q [b,t,h,q], k/v [b,s,k,q], mask bool [b,t,s] -> [b,t,h,q]."""
+    b, t, h, d = q.shape
+    kv = k.shape[2]
+    q = q.reshape(b, t, kv, h // kv, d)
+    scores = jnp.einsum("btkgq,bskq->bkgts", q, k, preferred_element_type=jnp.float32) * (d ** -0.5)
+    scores = jnp.where(mask[:, None, None, :, :], scores, NEG_INF)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskq->btkgq", probs, v)
+    return out.reshape(b, t, h, d)
+
+
+class Block(nn.Module):
+    """One decoder layer: pre-norm GQA attention with q/k RMSNorm before RoPE, pre-norm SwiGLU MLP."""
+
+    config: ModelConfig
+    lora: LoraConfig | None = None
+
+    @nn.compact
+    def __call__(self, x, layer_cache, positions, window_mask, cache_mask, gate):
+        c = self.config
+        dt, pdt = c.jnp_dtype, c.jnp_param_dtype
+        d, h, kvh, hd, f = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size
+
+        def proj(name, i, o):
+            return Proj(i, o, dt, pdt, self.lora, name=name)
+
+        y = RMSNorm(c.rms_norm_eps, pdt, name="input_norm")(x)
+        q = proj("q_proj", (d,), (h, hd))(y, gate)
+        k = proj("k_proj", (d,), (kvh, hd))(y, gate)
+        v = proj("v_proj", (d,), (kvh, hd))(y, gate)
+        q = rope(RMSNorm(c.rms_norm_eps, pdt, name="q_norm")(q), positions, c.rope_theta)
+        k = rope(RMSNorm(c.rms_norm_eps, pdt, name="k_norm")(k), positions, c.rope_theta)
+        if layer_cache is None:
+            keys, values, mask = k, v, window_mask
+        else:
+            k_cache, v_cache = layer_cache
+            keys = jnp.concatenate([k_cache.astype(dt), k], axis=1)
+            values = jnp.concatenate([v_cache.astype(dt), v], axis=1)
+            mask = jnp.concatenate([cache_mask, window_mask], axis=2)
+        attn = attend(q, keys, values, mask)
+        x = x + proj("o_proj", (h, hd), (d,))(attn, gate)
+        y = RMSNorm(c.rms_norm_eps, pdt, name="post_attn_norm")(x)
+        hidden = nn.silu(proj("gate_proj", (d,), (f,))(y, gate)) * proj("up_proj", (d,), (f,))(y, gate)
+        x = x + proj("down_proj", (f,), (d,))(hidden, gate)
+        return x, (k, v)
+
+
+class Qwen3(nn.Module):
+    """The full decoder. Call with tokens [b, t] int32 and positions [b, t] (logical)."""
+
+    config: ModelConfig
+    lora: LoraConfig | None = None
+
+    @nn.compact
+    def __call__(self, tokens: Array, positions: Array | None = None, *, window_mask: Array | None = None,
+                 cache: dict | None = None, cache_mask: Array | None = None, gate: Array | None = None,
+                 return_hidden: bool = False):
+        """Returns (logits fp32 [b, t, v], window K/V ([layers, b, t, k, q] × 2) or None).
+
+        window_mask: bool [b, t, t] over the window's physical order (default causal).
+        cache: {'k', 'v': [layers, b, s, k, q], 'length': [b]}; cache_mask bool [b, t, s]
+        (default: the first `length` rows of each cache row).
+        gate: bool [b, t], LoRA on where true (ignored without `lora`).
+        """
+        c = self.config
+        b, t = tokens.shape
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        if window_mask is None:
+            window_mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
+        if gate is None:
+            gate = jnp.zeros((b, t), bool)
+        layer_caches = None
+        if cache is not None:
+            layer_caches = (cache["k"], cache["v"])
+            if cache_mask is None:
+                s = cache["k"].shape[2]
+                valid = jnp.arange(s)[None, :] < cache["length"][:, None]
+                cache_mask = jnp.broadcast_to(valid[:, None, :], (b, t, s))
+
+        embed = self.param("embed", nn.initializers.normal(1.0), (c.vocab_size, c.hidden_size),
+                           c.jnp_param_dtype)
+        x = jnp.take(embed, tokens, axis=0).astype(c.jnp_dtype)
+
+        block = Block
+        if c.remat:
+            block = nn.remat(Block, prevent_cse=False)
+        scanned = nn.scan(block, variable_axes={"params": 0, "lora": 0},
+                          split_rngs={"params": True, "lora": True},
+                          in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+                          length=c.num_layers)
+        x, window_kv = scanned(c, self.lora, name="layers")(x, layer_caches, positions, window_mask,
+                                                           cache_mask, gate)
+        x = RMSNorm(c.rms_norm_eps, c.jnp_param_dtype, name="final_norm")(x)
+        if return_hidden:
+            return x, window_kv
+        if c.tie_word_embeddings:
+            head = embed.T
+        else:
+            head = self.param("lm_head", nn.initializers.normal(0.02), (c.hidden_size, c.vocab_size),
+                              c.jnp_param_dtype)
+        logits = jnp.einsum("btd,dv->btv", x, head.astype(c.jnp_dtype), preferred_element_type=jnp.float32)
+        return logits, window_kv
+
+
+def init_params(config: ModelConfig, key: Array, lora: LoraConfig | None = None):
+    """Random params (and LoRA params when `lora` is given) with the shapes a checkpoint has."""
+    tokens = jnp.zeros((1, 2), jnp.int32)
+    k1, k2 = jax.random.split(key)
+    variables = Qwen3(config, lora).init({"params": k1, "lora": k2}, tokens)
+    if lora is None:
+        return variables["params"]
+    return variables["params"], variables["lora"]
+
+
+def apply(params, config: ModelConfig, tokens: Array, positions: Array | None = None, *, lora_params=None,
+          lora: LoraConfig | None = None, **kwargs):
+    """`Qwen3.apply` as a plain function of the params pytree; see `Qwen3.__call__` for kwargs."""
+    variables = {"params": params}
+    if lora_params is not None:
+        variables["lora"] = lora_params
+    return Qwen3(config, lora if lora_params is not None else None).apply(variables, tokens, positions, **kwargs)
+
+
+def forward(params, config: ModelConfig, tokens: Array, positions: Array | None = None) -> Array:
+    """Plain causal forward: logits float32 [b, l, v]; positions default to arange(l)."""
+    logits, _ = apply(params, config, jnp.asarray(tokens, jnp.int32),
+                      None if positions is None else jnp.asarray(positions, jnp.int32))
+    return logits

@@ -1,0 +1,86 @@
+"""Tokenizers: the built-in byte-level one (no files needed) and any Hugging Face tokenizer directory.
+
+Both expose the same small surface: `encode(text) -> list[int]`, `decode(ids) -> str`, the special ids
+`pad_id`, `eos_id`, `bos_id`, `mask_id`, `vocab_size`, and `apply_chat_template(messages)`.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+
+class ByteTokenizer:
+    """UTF-8 bytes 0–255, then specials. Vocab 264 (a multiple of 8) matches the tiny model presets."""
+
+    name = "byte"
+    pad_id, bos_id, eos_id, mask_id = 256, 257, 258, 259
+    vocab_size = 264
+    chat_template = None
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids) -> str:
+        return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
+
+    def apply_chat_template(self, messages: list[dict]) -> tuple[str, str]:
+        """Plain-text fallback: returns (prompt, answer) from user/assistant turns."""
+        return _plain_chat(messages)
+
+    def save(self, directory: str) -> None:
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, "zarya_tokenizer.json"), "w") as f:
+            json.dump({"type": "byte"}, f)
+
+
+def _plain_chat(messages: list[dict]) -> tuple[str, str]:
+    if not messages or messages[-1].get("role") != "assistant":
+        raise ValueError("a chat record must end with an assistant message (the supervised answer)")
+    prompt = "".join(f"{m['role']}: {m['content']}\n" for m in messages[:-1]) + "assistant: "
+    return prompt, messages[-1]["content"]
+
+
+class HFTokenizer:
+    """A Hugging Face tokenizer directory, loaded offline. The mask token is `<mdm_mask>` if present."""
+
+    def __init__(self, directory: str):
+        from transformers import AutoTokenizer  # local import: the byte tokenizer needs none of it
+
+        if not os.path.isdir(directory):
+            raise FileNotFoundError(f"tokenizer directory {directory!r} does not exist")
+        self.name = directory
+        self._tok = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        self.vocab_size = len(self._tok)
+        self.eos_id = self._tok.eos_token_id
+        self.bos_id = self._tok.bos_token_id
+        self.pad_id = self._tok.pad_token_id if self._tok.pad_token_id is not None else self.eos_id
+        mask = self._tok.convert_tokens_to_ids("<mdm_mask>")
+        self.mask_id = mask if mask is not None and mask != self._tok.unk_token_id else None
+        self.chat_template = getattr(self._tok, "chat_template", None)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False)
+
+    def decode(self, ids) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def apply_chat_template(self, messages: list[dict]) -> tuple[str, str]:
+        if not self.chat_template:
+            return _plain_chat(messages)
+        if not messages or messages[-1].get("role") != "assistant":
+            raise ValueError("a chat record must end with an assistant message (the supervised answer)")
+        prompt = self._tok.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
+        return prompt, messages[-1]["content"]
+
+    def save(self, directory: str) -> None:
+        self._tok.save_pretrained(directory)
+
+
+def load_tokenizer(spec: str | None):
+    """`None`/"byte" → ByteTokenizer; a directory with `zarya_tokenizer.json` → byte; else HF directory."""
+    if spec in (None, "byte"):
+        return ByteTokenizer()
+    marker = os.path.join(spec, "zarya_tokenizer.json")
+    if os.path.exists(marker):
+        return ByteTokenizer()
+    return HFTokenizer(spec)
