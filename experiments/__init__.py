@@ -1,0 +1,1 @@
+"""Entry points: quickstart, train, generate, evaluate, bench, sweep (each `python -m experiments.X --help`)."""

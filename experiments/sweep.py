@@ -1,0 +1,278 @@
+"""Sweeps: run a grid or a list of config overrides one after another, resumably, and tabulate.
+
+    python -m experiments.sweep experiments/sweeps/paper_ablations.yaml [--workdir DIR]
+        [--host-index I --num-hosts N] [--set key=value ...] [--dry-run] [--collect-only]
+
+A sweep file (YAML or JSON):
+
+    name: my_sweep
+    base:                      # overrides applied to every run (dotted keys into the run config)
+      train.steps: 300
+    runs:                      # an explicit list of runs; each a dict of overrides, `name` optional
+      - {name: curriculum}
+      - {name: fixed4, zarya.slot_size_set: [4], zarya.slot_step_borders: [1.0]}
+    grid:                      # a cartesian product (crossed with `runs` when both are given)
+      zarya.diffusion_loss_proportion: [0.25, 0.5]
+
+The run config is the quickstart's (see `experiments/quickstart.py`: sections task, model, zarya,
+train, eval); each run trains a model and evaluates it in the configured decoding modes.
+Resumable: a finished run leaves `<workdir>/<run>/DONE.json` (written atomically, so a killed run
+never looks finished) and is skipped next time; a failed run is recorded and retried next time.
+For pods, each host takes runs i with i % num_hosts == host_index. After the runs, the results of
+every finished run (from any host, via the shared workdir) are collected into `results.csv`,
+`results.md` and `results.png`.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import io
+import itertools
+import json
+import os
+import re
+import sys
+import time
+import traceback
+
+import yaml
+
+from .evaluate import atomic_write
+
+DONE = "DONE.json"
+
+
+class SweepError(ValueError):
+    """A malformed sweep file or flag."""
+
+
+def load_spec(path: str) -> dict:
+    if not os.path.isfile(path):
+        raise SweepError(f"sweep file {path!r} does not exist")
+    with open(path) as f:
+        text = f.read()
+    try:
+        spec = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise SweepError(f"sweep file {path!r} does not parse: {e}") from None
+    if not isinstance(spec, dict):
+        raise SweepError(f"sweep file {path!r}: expected a mapping with 'runs' and/or 'grid'")
+    unknown = set(spec) - {"name", "base", "runs", "grid", "description"}
+    if unknown:
+        raise SweepError(f"sweep file {path!r}: unknown top-level keys {sorted(unknown)}; "
+                         "expected name, description, base, runs, grid")
+    if not spec.get("runs") and not spec.get("grid"):
+        raise SweepError(f"sweep file {path!r}: expected a non-empty 'runs' list or 'grid' mapping")
+    if spec.get("runs") is not None and not (isinstance(spec["runs"], list)
+                                             and all(isinstance(r, dict) for r in spec["runs"])):
+        raise SweepError(f"sweep file {path!r}: 'runs' must be a list of mappings")
+    grid = spec.get("grid") or {}
+    if not isinstance(grid, dict) or any(not isinstance(v, list) or not v for v in grid.values()):
+        raise SweepError(f"sweep file {path!r}: 'grid' must map each key to a non-empty list of values")
+    spec.setdefault("name", os.path.splitext(os.path.basename(path))[0])
+    return spec
+
+
+def _slug(value) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else value
+    return re.sub(r"[^A-Za-z0-9.+-]+", "-", text).strip("-")
+
+
+def expand(spec: dict) -> list[tuple[str, dict]]:
+    """[(run name, overrides)] in a fixed order: runs × grid, base overrides first."""
+    base = dict(spec.get("base") or {})
+    runs = spec.get("runs") or [{}]
+    grid = spec.get("grid") or {}
+    keys = list(grid)
+    out, names = [], set()
+    for run in runs:
+        run = dict(run)
+        run_name = run.pop("name", None)
+        for combo in itertools.product(*(grid[k] for k in keys)) if keys else [()]:
+            overrides = {**base, **run, **dict(zip(keys, combo))}
+            parts = ([run_name] if run_name else [f"{k.split('.')[-1]}={_slug(v)}" for k, v in run.items()])
+            parts += [f"{k.split('.')[-1]}={_slug(v)}" for k, v in zip(keys, combo)]
+            name = ",".join(parts) or "base"
+            if name in names:
+                raise SweepError(f"two runs share the name {name!r}: give the runs distinct 'name' fields")
+            names.add(name)
+            out.append((name, overrides))
+    return out
+
+
+def apply_overrides(config: dict, overrides: dict) -> dict:
+    """Sets dotted keys (`zarya.slot_size_set`) in a copy of the nested run config; unknown
+    sections or keys are errors (a typo must not silently run the default)."""
+    config = copy.deepcopy(config)
+    for key, value in overrides.items():
+        parts = key.split(".")
+        node = config
+        for i, part in enumerate(parts[:-1]):
+            if not isinstance(node, dict) or part not in node:
+                raise SweepError(f"override {key!r}: unknown section {'.'.join(parts[:i + 1])!r}; "
+                                 f"expected one of {sorted(node) if isinstance(node, dict) else []}")
+            node = node[part]
+        leaf = parts[-1]
+        if not isinstance(node, dict) or (leaf not in node and not node.get("_open", False)):
+            raise SweepError(f"override {key!r}: unknown key {leaf!r}; expected one of "
+                             f"{sorted(k for k in node if not k.startswith('_')) if isinstance(node, dict) else []}")
+        node[leaf] = value
+    return config
+
+
+def my_share(runs: list, host_index: int, num_hosts: int) -> list:
+    if num_hosts < 1 or not 0 <= host_index < num_hosts:
+        raise SweepError(f"--host-index={host_index} --num-hosts={num_hosts}: expected 0 ≤ host-index < num-hosts")
+    return [r for i, r in enumerate(runs) if i % num_hosts == host_index]
+
+
+def run_sweep(spec: dict, workdir: str, run_fn=None, host_index: int = 0, num_hosts: int = 1,
+              extra_overrides: dict | None = None, log=print) -> dict:
+    """Runs this host's unfinished runs; returns {"done": [...], "skipped": [...], "failed": [...]}.
+
+    `run_fn(run_config, run_dir) -> metrics dict` defaults to the quickstart pipeline.
+    """
+    from . import quickstart
+
+    run_fn = run_fn or quickstart.run_pipeline
+    runs = expand(spec)
+    base_config = quickstart.default_run_config()
+    # Validate every run's overrides before any compute, so a typo fails the sweep up front.
+    configs = {name: apply_overrides(base_config, {**ov, **(extra_overrides or {})}) for name, ov in runs}
+    os.makedirs(workdir, exist_ok=True)
+    atomic_write(os.path.join(workdir, "sweep.json"),
+                 json.dumps({"spec": spec, "runs": [n for n, _ in runs]}, indent=2, default=str))
+    status = {"done": [], "skipped": [], "failed": []}
+    for name, overrides in my_share(runs, host_index, num_hosts):
+        run_dir = os.path.join(workdir, name)
+        if os.path.exists(os.path.join(run_dir, DONE)):
+            log(f"[sweep] {name}: finished earlier, skipped")
+            status["skipped"].append(name)
+            continue
+        os.makedirs(run_dir, exist_ok=True)
+        log(f"[sweep] {name}: running {overrides}")
+        t0 = time.time()
+        try:
+            metrics = run_fn(configs[name], run_dir)
+        except Exception as e:  # a failed run must not stop the others; it is retried on the next call
+            atomic_write(os.path.join(run_dir, "error.txt"), traceback.format_exc())
+            log(f"[sweep] {name}: FAILED ({type(e).__name__}: {e}); see {run_dir}/error.txt")
+            status["failed"].append(name)
+            continue
+        record = {"name": name, "overrides": overrides, "metrics": metrics, "wall_s": time.time() - t0}
+        atomic_write(os.path.join(run_dir, DONE), json.dumps(record, indent=2, default=str))
+        if os.path.exists(os.path.join(run_dir, "error.txt")):
+            os.remove(os.path.join(run_dir, "error.txt"))
+        status["done"].append(name)
+        log(f"[sweep] {name}: done in {record['wall_s']:.0f}s")
+    return status
+
+
+def _flatten_metrics(metrics: dict) -> dict:
+    """A run's metrics as flat columns: top-level scalars plus `<mode>/<metric>` per decoding mode."""
+    row = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool)) or v is None}
+    for r in metrics.get("modes", []):
+        for k in ("accuracy", "tokens_per_forward", "tokens_per_s", "speedup_vs_ar"):
+            row[f"{r['mode']}/{k}"] = r.get(k)
+    return row
+
+
+def collect(spec: dict, workdir: str) -> list[dict]:
+    """One row per finished run, in sweep order: run name, its overrides, its flattened metrics."""
+    rows = []
+    for name, overrides in expand(spec):
+        path = os.path.join(workdir, name, DONE)
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            record = json.load(f)
+        row = {"run": name}
+        row.update({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in overrides.items()})
+        row.update(_flatten_metrics(record.get("metrics") or {}))
+        rows.append(row)
+    return rows
+
+
+def write_tables(rows: list[dict], workdir: str, title: str) -> list[str]:
+    """results.csv, results.md and results.png (accuracy vs tokens per forward for each run × mode)."""
+    columns = []
+    for r in rows:
+        columns += [c for c in r if c not in columns]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write(os.path.join(workdir, "results.csv"), buf.getvalue())
+
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return "" if v is None else str(v)
+
+    md = [f"# {title}\n", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    md += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
+    atomic_write(os.path.join(workdir, "results.md"), "\n".join(md) + "\n")
+    written = [os.path.join(workdir, "results.csv"), os.path.join(workdir, "results.md")]
+    if rows:
+        from .plots import sweep_plot
+
+        png = os.path.join(workdir, "results.png")
+        sweep_plot(rows, png, title)
+        written.append(png)
+    return written
+
+
+def parse_sets(items: list[str]) -> dict:
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise SweepError(f"--set {item!r}: expected key=value (YAML value), e.g. train.steps=100")
+        key, value = item.split("=", 1)
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m experiments.sweep", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("spec", help="sweep file (.yaml/.yml/.json)")
+    p.add_argument("--workdir", default=None, help="default: runs/sweeps/<name>")
+    p.add_argument("--host-index", type=int, default=0, help="this host's index (pods)")
+    p.add_argument("--num-hosts", type=int, default=1, help="number of hosts sharing the sweep")
+    p.add_argument("--set", action="append", default=[], help="extra override for every run, key=value")
+    p.add_argument("--dry-run", action="store_true", help="list this host's runs and their overrides, run nothing")
+    p.add_argument("--collect-only", action="store_true", help="only rebuild the results table from finished runs")
+    args = p.parse_args(argv)
+    try:
+        spec = load_spec(args.spec)
+        extra = parse_sets(args.set)
+        workdir = args.workdir or os.path.join("runs", "sweeps", spec["name"])
+        if args.dry_run:
+            from . import quickstart
+
+            base = quickstart.default_run_config()
+            for name, ov in my_share(expand(spec), args.host_index, args.num_hosts):
+                apply_overrides(base, {**ov, **extra})
+                print(f"{name}: {ov}")
+            return 0
+        status = {"failed": []}
+        if not args.collect_only:
+            status = run_sweep(spec, workdir, host_index=args.host_index, num_hosts=args.num_hosts,
+                               extra_overrides=extra)
+    except SweepError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    rows = collect(spec, workdir)
+    written = write_tables(rows, workdir, spec["name"])
+    print(open(os.path.join(workdir, "results.md")).read())
+    print("wrote " + ", ".join(written))
+    if status["failed"]:
+        print(f"error: {len(status['failed'])} run(s) failed: {status['failed']} (rerun to retry them)",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

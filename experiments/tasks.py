@@ -1,0 +1,198 @@
+"""The embedded default task: multi-step arithmetic word problems with worked steps (GSM8K style).
+
+Each record is `{"prompt": str, "answer": str}` — the same JSONL format as any user dataset — e.g.
+
+    prompt: "Ann has 7 pens. She buys 5 more. She gives away 3. How many pens now?\\n"
+    answer: "7+5=12\\n12-3=9\\n#### 9"
+
+Generation is deterministic from a seed (Python's `random.Random`, stable across platforms). The
+held-out split is generated first and its problems are excluded from the training split, so the
+test set is disjoint from training.
+
+    python -m experiments.tasks --out data/ --train 20000 --test 200 --difficulty 1 --seed 0
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import sys
+import tempfile
+
+NAMES = (("Ann", "She"), ("Bob", "He"), ("Cal", "He"), ("Dee", "She"), ("Eve", "She"), ("Finn", "He"),
+         ("Gus", "He"), ("Hana", "She"), ("Ivy", "She"), ("Jon", "He"))
+ITEMS = ("pens", "apples", "cards", "coins", "books", "shells", "stamps", "marbles", "cups", "eggs")
+# Phrase templates per operation; `{n}` is the operand. The verb identifies the operation.
+ADD_PHRASES = ("{p} buys {n} more.", "{p} finds {n} more.", "{p} gets {n} more.")
+SUB_PHRASES = ("{p} gives away {n}.", "{p} loses {n}.", "{p} sells {n}.")
+MUL_PHRASES = ("{p} ends up with {n} times as many.",)
+OP_SYMBOL = {"add": "+", "sub": "-", "mul": "*"}
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+    """Difficulty knobs: steps per problem, the starting amount and operand ranges, allowed ops."""
+
+    min_steps: int = 2
+    max_steps: int = 2
+    max_start: int = 20
+    max_operand: int = 9
+    ops: tuple[str, ...] = ("add", "sub")
+    max_multiplier: int = 3
+
+    def __post_init__(self):
+        if not 1 <= self.min_steps <= self.max_steps:
+            raise ValueError(f"TaskConfig: expected 1 ≤ min_steps ≤ max_steps, got {self.min_steps}, {self.max_steps}")
+        if self.max_start < 1 or self.max_operand < 1:
+            raise ValueError(f"TaskConfig: max_start={self.max_start}, max_operand={self.max_operand}: expected ≥ 1")
+        bad = set(self.ops) - set(OP_SYMBOL)
+        if bad or not self.ops:
+            raise ValueError(f"TaskConfig.ops={self.ops}: expected a non-empty subset of {sorted(OP_SYMBOL)}")
+        if self.max_multiplier < 2:
+            raise ValueError(f"TaskConfig.max_multiplier={self.max_multiplier}: expected ≥ 2")
+
+
+# Difficulty presets: 1 is the quickstart default (sized so a tiny CPU model can learn it in minutes).
+DIFFICULTY = {
+    1: TaskConfig(min_steps=2, max_steps=2, max_start=20, max_operand=9, ops=("add", "sub")),
+    2: TaskConfig(min_steps=2, max_steps=3, max_start=50, max_operand=20, ops=("add", "sub")),
+    3: TaskConfig(min_steps=3, max_steps=4, max_start=100, max_operand=50, ops=("add", "sub", "mul")),
+    4: TaskConfig(min_steps=4, max_steps=6, max_start=500, max_operand=200, ops=("add", "sub", "mul"),
+                  max_multiplier=9),
+}
+
+
+def task_config(difficulty: int | TaskConfig) -> TaskConfig:
+    if isinstance(difficulty, TaskConfig):
+        return difficulty
+    if difficulty not in DIFFICULTY:
+        raise ValueError(f"unknown difficulty {difficulty!r}: expected one of {sorted(DIFFICULTY)}")
+    return DIFFICULTY[difficulty]
+
+
+def make_problem(rng: random.Random, cfg: TaskConfig) -> dict:
+    """One problem: {"prompt", "answer"} with one worked line per step and a final `#### N` line."""
+    name, pronoun = rng.choice(NAMES)
+    item = rng.choice(ITEMS)
+    value = rng.randint(1, cfg.max_start)
+    sentences = [f"{name} has {value} {item}."]
+    lines = []
+    for _ in range(rng.randint(cfg.min_steps, cfg.max_steps)):
+        op = rng.choice(cfg.ops)
+        if op == "sub" and value == 0:  # keep every amount non-negative
+            op = "add"
+        if op == "mul":
+            n = rng.randint(2, cfg.max_multiplier)
+            new = value * n
+            phrase = rng.choice(MUL_PHRASES)
+        elif op == "sub":
+            n = rng.randint(1, min(cfg.max_operand, value))
+            new = value - n
+            phrase = rng.choice(SUB_PHRASES)
+        else:
+            n = rng.randint(1, cfg.max_operand)
+            new = value + n
+            phrase = rng.choice(ADD_PHRASES)
+        sentences.append(phrase.format(p=pronoun, n=n))
+        lines.append(f"{value}{OP_SYMBOL[op]}{n}={new}")
+        value = new
+    sentences.append(f"How many {item} now?")
+    return {"prompt": " ".join(sentences) + "\n", "answer": "\n".join(lines) + f"\n#### {value}"}
+
+
+def generate(num: int, seed: int = 0, difficulty: int | TaskConfig = 1, exclude: set[str] | None = None) -> list[dict]:
+    """`num` problems, deterministic in (seed, difficulty); prompts in `exclude` are skipped."""
+    if num < 0:
+        raise ValueError(f"number of problems {num}: expected ≥ 0")
+    cfg = task_config(difficulty)
+    rng = random.Random(seed)
+    exclude = exclude or set()
+    out, seen, tries = [], set(), 0
+    while len(out) < num:
+        tries += 1
+        if tries > 100 * num + 1000:
+            raise ValueError(f"could not generate {num} distinct problems at difficulty {difficulty}; "
+                             f"got {len(out)}: the problem space is too small")
+        record = make_problem(rng, cfg)
+        if record["prompt"] in exclude:
+            continue
+        out.append(record)
+        seen.add(record["prompt"])
+    return out
+
+
+def make_splits(num_train: int, num_test: int, seed: int = 0, difficulty: int | TaskConfig = 1):
+    """(train, test): test drawn first from `seed + 1`, train from `seed` excluding the test prompts."""
+    test = generate(num_test, seed + 1, difficulty)
+    train = generate(num_train, seed, difficulty, exclude={r["prompt"] for r in test})
+    return train, test
+
+
+def write_jsonl(path: str, records: list[dict]) -> None:
+    """Atomic write: a temp file in the same directory, then rename."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".jsonl")
+    try:
+        with os.fdopen(fd, "w") as f:
+            for r in records:
+                f.write(json.dumps(r) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def read_jsonl(path: str) -> list[dict]:
+    """Reads `{"prompt", "answer"}` (or chat `messages`) records; errors name the file and line."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"data file {path!r} does not exist")
+    records = []
+    with open(path) as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+            if not isinstance(record, dict) or not (
+                    ("prompt" in record and "answer" in record) or "messages" in record):
+                raise ValueError(f"{path}:{i}: expected an object with 'prompt' and 'answer' (or 'messages')")
+            records.append(record)
+    if not records:
+        raise ValueError(f"data file {path!r} holds no records")
+    return records
+
+
+def write_splits(out_dir: str, num_train: int, num_test: int, seed: int = 0,
+                 difficulty: int | TaskConfig = 1) -> tuple[str, str]:
+    train, test = make_splits(num_train, num_test, seed, difficulty)
+    train_path, test_path = os.path.join(out_dir, "train.jsonl"), os.path.join(out_dir, "test.jsonl")
+    write_jsonl(train_path, train)
+    write_jsonl(test_path, test)
+    return train_path, test_path
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="directory for train.jsonl and test.jsonl")
+    p.add_argument("--train", type=int, default=20000, help="number of training problems")
+    p.add_argument("--test", type=int, default=200, help="number of held-out problems")
+    p.add_argument("--difficulty", type=int, default=1, choices=sorted(DIFFICULTY))
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    try:
+        paths = write_splits(args.out, args.train, args.test, args.seed, args.difficulty)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(paths))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

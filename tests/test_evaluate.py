@@ -1,0 +1,55 @@
+"""Answer extraction and exact-match scoring (the evaluate pipeline end to end runs in test_quickstart)."""
+import pytest
+
+from experiments import answers, evaluate
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("7+5=12\n12-3=9\n#### 9", "9"),
+    ("#### 9\n#### 10", "10"),                      # the last marker wins
+    ("steps...\n####   1,234\nextra text", "1234"),  # first line after the marker, commas dropped
+    ("#### -0042", "-42"),
+    ("#### +3", "3"),
+    ("#### 7.50", "7.5"),
+    ("#### 7.0", "7"),
+    ("#### 12.", "12"),
+    ("#### the  answer is   blue", "the answer is blue"),
+    ("7+5=12\n12-3=9\n", None),                      # no marker: no prediction
+    ("#### ", None),
+])
+def test_final_line(text, expected):
+    assert answers.extract(text, "final") == expected
+
+
+def test_regex_and_exact():
+    assert answers.extract("so x = 4 and then x = 17.", "regex", r"x = (\d+)") == "17"
+    assert answers.extract("The answer: 12", "regex", r"\d+") == "12"
+    assert answers.extract("nothing here", "regex", r"(\d+)") is None
+    assert answers.extract("  Paris \n", "exact") == "Paris"
+    with pytest.raises(ValueError, match="needs a pattern"):
+        answers.extract("x", "regex")
+    with pytest.raises(ValueError, match="unknown answer extraction method 'fuzzy'"):
+        answers.extract("x", "fuzzy")
+
+
+def test_is_correct():
+    gold = "7+5=12\n12-3=9\n#### 9"
+    assert answers.is_correct("7+5=12\n12-3=9\n#### 9", gold)
+    assert answers.is_correct("wrong work\n#### 9.0", gold)        # only the final answer is scored
+    assert not answers.is_correct("7+5=12\n12-3=9\n#### 8", gold)
+    assert not answers.is_correct("7+5=12\n12-3=9", gold)           # truncated output
+    assert not answers.is_correct("#### 19", gold)
+    assert answers.is_correct("#### 42", "42")                      # a plain short-answer reference
+    assert answers.is_correct("Paris", "Paris", "exact")
+
+
+def test_mode_and_knob_parsing():
+    assert evaluate.parse_modes("ar, slotted,spec-self") == ["ar", "slotted", "spec-self"]
+    with pytest.raises(ValueError, match=r"unknown mode\(s\) \['beam'\]"):
+        evaluate.parse_modes("ar,beam")
+    knobs = evaluate.parse_knobs(["slotted.slot_size=4", "temperature=0.5", "spec-self.drafter=self"])
+    assert knobs == {"slotted": {"slot_size": 4}, "*": {"temperature": 0.5}, "spec-self": {"drafter": "self"}}
+    with pytest.raises(ValueError, match="expected \\[MODE.\\]FIELD=VALUE"):
+        evaluate.parse_knobs(["slot_size"])
+    with pytest.raises(ValueError, match="unknown mode 'beam'"):
+        evaluate.parse_knobs(["beam.width=3"])

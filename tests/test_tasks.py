@@ -1,0 +1,74 @@
+"""The embedded task generator: determinism, disjoint splits, and answers recomputed independently
+by parsing the prompt text (not by reading the generator's own bookkeeping)."""
+import json
+import re
+
+import pytest
+
+from experiments import answers, tasks
+
+# Independent reading of the prompt: the verb decides the operation.
+VERBS = {"buys": "+", "finds": "+", "gets": "+", "gives": "-", "loses": "-", "sells": "-", "ends": "*"}
+
+
+def recompute(prompt: str) -> tuple[int, list[str]]:
+    """Parses 'X has N items. She buys K more. ...' and returns (final value, worked lines)."""
+    sentences = [s.strip() for s in prompt.strip().split(".") if s.strip()]
+    value = int(re.search(r"has (\d+) ", sentences[0]).group(1))
+    lines = []
+    for s in sentences[1:]:
+        if s.startswith("How many"):
+            break
+        verb = s.split()[1]
+        n = int(re.search(r"(\d+)", s).group(1))
+        op = VERBS[verb]
+        new = value + n if op == "+" else value - n if op == "-" else value * n
+        lines.append(f"{value}{op}{n}={new}")
+        value = new
+    return value, lines
+
+
+@pytest.mark.parametrize("difficulty", sorted(tasks.DIFFICULTY))
+def test_answers_recomputed_from_prompt(difficulty):
+    cfg = tasks.DIFFICULTY[difficulty]
+    for record in tasks.generate(300, seed=difficulty, difficulty=difficulty):
+        value, lines = recompute(record["prompt"])
+        assert value >= 0
+        assert cfg.min_steps <= len(lines) <= cfg.max_steps
+        assert record["answer"] == "\n".join(lines) + f"\n#### {value}"
+        assert answers.reference(record["answer"]) == str(value)
+
+
+def test_deterministic_and_seed_dependent():
+    a = tasks.generate(50, seed=3)
+    b = tasks.generate(50, seed=3)
+    c = tasks.generate(50, seed=4)
+    assert a == b
+    assert a != c
+
+
+def test_splits_disjoint_and_written_as_jsonl(tmp_path):
+    train_path, test_path = tasks.write_splits(str(tmp_path), 400, 50, seed=0, difficulty=1)
+    train = [json.loads(l) for l in open(train_path)]
+    test = [json.loads(l) for l in open(test_path)]
+    assert len(train) == 400 and len(test) == 50
+    assert all(set(r) == {"prompt", "answer"} for r in train + test)
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in test}
+    assert tasks.read_jsonl(test_path) == test
+    # Re-generating gives byte-identical files.
+    again = tmp_path / "again"
+    tasks.write_splits(str(again), 400, 50, seed=0, difficulty=1)
+    assert open(again / "train.jsonl").read() == open(train_path).read()
+
+
+def test_bad_input_errors(tmp_path):
+    with pytest.raises(ValueError, match="unknown difficulty 9"):
+        tasks.generate(1, difficulty=9)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "answer": "b"}\n{"prompt": "a"\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2"):
+        tasks.read_jsonl(str(bad))
+    with pytest.raises(FileNotFoundError, match="missing.jsonl"):
+        tasks.read_jsonl(str(tmp_path / "missing.jsonl"))
+    assert tasks.main(["--out", str(tmp_path / "x"), "--train", "-1"]) == 2
+    assert not (tmp_path / "x" / "train.jsonl").exists()

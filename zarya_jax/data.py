@@ -1,0 +1,252 @@
+"""Supervised data: JSONL records → tokenized (prompt, answer) examples → grain pipelines of fixed-shape
+batches in the format of `zarya_jax.batch` (SPEC §2–§3 train on prompt + answer, answer supervised).
+
+Records, one JSON object per line: `{"prompt": str, "answer": str}` or chat
+`{"messages": [{"role", "content"}, …]}` whose last message is the assistant's answer. With a Hugging
+Face tokenizer that has a chat template, the prompt goes through it (a prompt/answer record becomes
+one user turn); otherwise the plain "role: content" fallback of `tokenizer.py` is used for chats and
+the raw prompt text for prompt/answer records. EOS is appended to the answer.
+
+Files are read, validated (line numbers in errors) and tokenized once at startup, so every error and
+the over-length counts are known before any compute. Shuffling, epochs, host sharding, padding/packing
+and batching are grain transformations; the grain iterator's state is saved in the checkpoint.
+
+Batch (per host): tokens int32 [B, L]; segment_ids int32 [B, L] (1, 2, … per packed example, 0 = pad);
+positions int32 [B, L] (logical, restarting at 0 in each example); answer_mask bool [B, L].
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Iterator, Sequence
+
+import grain
+import numpy as np
+
+from .config import ConfigError
+
+
+class DataError(ValueError):
+    """Bad data files or records."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where the data is and how it becomes batches. `batch_size` is global (all hosts)."""
+
+    train: tuple[str, ...] = ()
+    eval: tuple[str, ...] = ()
+    eval_fraction: float = 0.0  # held out from the end of `train` when `eval` is empty
+    tokenizer: str = "byte"  # 'byte' or a Hugging Face tokenizer directory
+    chat_template: bool = True
+    add_eos: bool = True
+    max_length: int = 256
+    pack: bool = False
+    over_length: str = "truncate"  # 'truncate' (cut the answer) or 'drop'
+    on_malformed: str = "fail"  # 'fail' or 'skip'
+    batch_size: int = 8
+    seed: int = 0
+    num_epochs: int = 0  # 0 = repeat forever
+    read_threads: int = 2
+    prefetch: int = 4
+
+    def __post_init__(self):
+        for name in ("train", "eval"):
+            v = getattr(self, name)
+            object.__setattr__(self, name, (v,) if isinstance(v, str) else tuple(v or ()))
+        if self.over_length not in ("truncate", "drop"):
+            raise ConfigError(f"data.over_length={self.over_length!r}: expected 'truncate' or 'drop'")
+        if self.on_malformed not in ("fail", "skip"):
+            raise ConfigError(f"data.on_malformed={self.on_malformed!r}: expected 'fail' or 'skip'")
+        if self.max_length < 2:
+            raise ConfigError(f"data.max_length={self.max_length}: expected ≥ 2")
+        if self.batch_size < 1:
+            raise ConfigError(f"data.batch_size={self.batch_size}: expected ≥ 1")
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise ConfigError(f"data.eval_fraction={self.eval_fraction}: expected [0, 1)")
+        if self.num_epochs < 0:
+            raise ConfigError(f"data.num_epochs={self.num_epochs}: expected ≥ 0 (0 = forever)")
+
+
+# ------------------------------------------------------------------ reading and tokenizing
+
+
+def _check_record(rec: Any) -> tuple[str, Any]:
+    """('pa', (prompt, answer)) or ('chat', messages); raises ValueError naming what is wrong."""
+    if not isinstance(rec, dict):
+        raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
+    if "messages" in rec:
+        msgs = rec["messages"]
+        if not isinstance(msgs, list) or not msgs:
+            raise ValueError("'messages' must be a non-empty list")
+        for m in msgs:
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise ValueError("each message needs string 'role' and 'content'")
+        if msgs[-1]["role"] != "assistant":
+            raise ValueError("the last message must be the assistant's (the supervised answer)")
+        return "chat", msgs
+    if not isinstance(rec.get("prompt"), str) or not isinstance(rec.get("answer"), str):
+        raise ValueError(f"expected string fields 'prompt' and 'answer' (or 'messages'), got keys {sorted(rec)}")
+    return "pa", (rec["prompt"], rec["answer"])
+
+
+def read_records(paths: Sequence[str], on_malformed: str = "fail") -> tuple[list[tuple[str, Any]], dict]:
+    """Parses JSONL files. Returns (records, {'malformed_skipped': n}). Errors name file and line."""
+    if not paths:
+        raise DataError("no data files given (set data.train=PATH)")
+    records, skipped = [], 0
+    for path in paths:
+        if not os.path.isfile(path):
+            raise DataError(f"data file {path!r} does not exist (expected a JSONL file of prompt/answer "
+                            f"or messages records)")
+        if not path.endswith((".jsonl", ".json")):
+            raise DataError(f"data file {path!r}: expected a .jsonl file")
+        with open(path, encoding="utf-8") as f:
+            for line_no, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    records.append(_check_record(json.loads(line)))
+                except ValueError as e:  # json.JSONDecodeError is a ValueError
+                    if on_malformed == "fail":
+                        raise DataError(f"{path}:{line_no}: malformed record: {e} "
+                                        f"(set data.on_malformed=skip to skip such lines)") from None
+                    skipped += 1
+    if not records:
+        raise DataError(f"no valid records in {list(paths)}")
+    return records, {"malformed_skipped": skipped}
+
+
+def _texts(kind: str, value, tokenizer, use_template: bool) -> tuple[str, str]:
+    if kind == "chat":
+        if use_template:
+            return tokenizer.apply_chat_template(value)
+        from .tokenizer import _plain_chat
+        return _plain_chat(value)
+    prompt, answer = value
+    if use_template and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template([{"role": "user", "content": prompt},
+                                              {"role": "assistant", "content": answer}])
+    return prompt, answer
+
+
+def tokenize(records, tokenizer, config: DataConfig) -> tuple[list[tuple[np.ndarray, np.ndarray]], dict]:
+    """(prompt_ids, answer_ids) int32 pairs fitting `max_length`, and counts of truncated / dropped ones.
+
+    Over-length (prompt + answer > max_length): 'truncate' cuts the answer's tail; an example whose
+    prompt leaves no room for one answer token is dropped under either policy.
+    """
+    out, truncated, dropped = [], 0, 0
+    eos = tokenizer.eos_id
+    L = config.max_length
+    for kind, value in records:
+        prompt, answer = _texts(kind, value, tokenizer, config.chat_template)
+        p = tokenizer.encode(prompt)
+        a = tokenizer.encode(answer) + ([eos] if config.add_eos and eos is not None else [])
+        if len(p) + len(a) > L:
+            if config.over_length == "drop" or len(p) >= L:
+                dropped += 1
+                continue
+            a = a[: L - len(p)]
+            truncated += 1
+        if not a:
+            dropped += 1
+            continue
+        out.append((np.asarray(p, np.int32), np.asarray(a, np.int32)))
+    if not out:
+        raise DataError(f"every example was dropped (max_length={L}, over_length={config.over_length!r})")
+    return out, {"truncated": truncated, "dropped": dropped}
+
+
+# ------------------------------------------------------------------ rows and batches
+
+
+def pad_row(example, length: int, pad_id: int) -> dict[str, np.ndarray]:
+    """One example → a padded row of the batch format (segment 1, positions 0…n−1)."""
+    p, a = example
+    n = len(p) + len(a)
+    tokens = np.full(length, pad_id, np.int32)
+    tokens[:n] = np.concatenate([p, a])
+    seg = np.zeros(length, np.int32)
+    seg[:n] = 1
+    pos = np.zeros(length, np.int32)
+    pos[:n] = np.arange(n)
+    ans = np.zeros(length, bool)
+    ans[len(p):n] = True
+    return {"tokens": tokens, "segment_ids": seg, "positions": pos, "answer_mask": ans}
+
+
+def _features(example) -> dict[str, np.ndarray]:
+    p, a = example
+    return {"tokens": np.concatenate([p, a]).astype(np.int32),
+            "answer_mask": np.concatenate([np.zeros(len(p), np.int32), np.ones(len(a), np.int32)])}
+
+
+def _packed_row(row) -> dict[str, np.ndarray]:
+    return {"tokens": row["tokens"].astype(np.int32), "segment_ids": row["tokens_segment_ids"].astype(np.int32),
+            "positions": row["tokens_positions"].astype(np.int32), "answer_mask": row["answer_mask"].astype(bool)}
+
+
+def _stack(rows) -> dict[str, np.ndarray]:
+    return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+
+
+def make_dataset(examples, config: DataConfig, *, local_batch: int, pad_id: int, train: bool = True,
+                 process_index: int = 0, process_count: int = 1) -> grain.IterDataset:
+    """grain pipeline: this host's shard → (train: per-epoch shuffle, repeat) → pad or pack → batch.
+
+    Each host takes examples `process_index::process_count` and yields its `local_batch` rows of the
+    global batch. Eval (train=False) repeats in file order so every evaluation sees the same batches.
+    """
+    ds = grain.MapDataset.source(list(examples))[process_index::process_count]
+    if len(ds) == 0:
+        raise DataError(f"host {process_index} of {process_count} got no examples "
+                        f"({len(examples)} examples in all)")
+    if train:
+        ds = ds.shuffle(seed=config.seed).repeat(config.num_epochs or None)
+    else:
+        ds = ds.repeat()
+    opts = grain.ReadOptions(num_threads=config.read_threads, prefetch_buffer_size=config.prefetch)
+    if not config.pack:
+        ds = ds.map(lambda ex: pad_row(ex, config.max_length, pad_id))
+        return ds.batch(local_batch, drop_remainder=True, batch_fn=_stack).to_iter_dataset(opts)
+    L = config.max_length
+    packed = grain.experimental.FirstFitPackIterDataset(
+        ds.map(_features).to_iter_dataset(opts), length_struct={"tokens": L, "answer_mask": L},
+        num_packing_bins=local_batch, shuffle_bins=False, padding_struct={"tokens": pad_id, "answer_mask": 0})
+    return packed.map(_packed_row).batch(local_batch, drop_remainder=True, batch_fn=_stack)
+
+
+@dataclasses.dataclass
+class Splits:
+    """Tokenized train / eval examples plus the counts worth logging."""
+
+    train: list
+    eval: list
+    stats: dict
+
+
+def load_splits(config: DataConfig, tokenizer) -> Splits:
+    """Reads, validates and tokenizes the train (and eval) files; all data errors surface here."""
+    records, stats = read_records(config.train, config.on_malformed)
+    examples, tstats = tokenize(records, tokenizer, config)
+    stats = {**stats, **tstats}
+    if config.eval:
+        erecords, estats = read_records(config.eval, config.on_malformed)
+        eval_examples, etstats = tokenize(erecords, tokenizer, config)
+        stats.update({f"eval_{k}": v for k, v in {**estats, **etstats}.items()})
+    elif config.eval_fraction > 0:
+        n_eval = max(1, int(round(len(examples) * config.eval_fraction)))
+        if n_eval >= len(examples):
+            raise DataError(f"data.eval_fraction={config.eval_fraction} leaves no training examples "
+                            f"out of {len(examples)}")
+        examples, eval_examples = examples[:-n_eval], examples[-n_eval:]
+    else:
+        eval_examples = []
+    stats["train_examples"], stats["eval_examples"] = len(examples), len(eval_examples)
+    return Splits(examples, eval_examples, stats)
+
+
+def take(iterator: Iterator, n: int) -> list:
+    return [next(iterator) for _ in range(n)]

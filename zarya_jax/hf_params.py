@@ -1,0 +1,154 @@
+"""The one mapping table between Hugging Face Qwen3 tensor names and our params pytree (SPEC §1).
+
+Both converters use it. Hugging Face keeps one tensor per layer, linear weights as `[out, in]`;
+we keep layers stacked on a leading axis and kernels as `[*in, *out]` with the heads split out:
+
+    model.layers.{i}.self_attn.q_proj.weight  [H*Q, D]  ⇄  layers/q_proj/kernel  [L, D, H, Q]
+    model.layers.{i}.self_attn.o_proj.weight  [D, H*Q]  ⇄  layers/o_proj/kernel  [L, H, Q, D]
+    model.layers.{i}.mlp.gate_proj.weight     [F, D]    ⇄  layers/gate_proj/kernel [L, D, F]
+    lm_head.weight                            [V, D]    ⇄  lm_head [D, V]   (untied heads only)
+
+Norm scales and the embedding keep their layout. Every move asserts the shape it expects.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from .config import ModelConfig
+
+
+class ShapeError(ValueError):
+    """A tensor does not have the shape the config implies."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One param. `hf` holds `{i}` for per-layer tensors, which we stack on axis 0.
+
+    `linear` entries are HF `[prod(out), prod(in)]` ⇄ ours `in_shape + out_shape`;
+    the others have the same layout on both sides (`in_shape` is the whole shape, `out_shape` empty).
+    """
+
+    hf: str
+    path: tuple[str, ...]
+    in_shape: tuple[int, ...]
+    out_shape: tuple[int, ...] = ()
+    linear: bool = False
+
+    @property
+    def layered(self) -> bool:
+        return "{i}" in self.hf
+
+    @property
+    def hf_shape(self) -> tuple[int, ...]:
+        if self.linear:
+            return (math.prod(self.out_shape), math.prod(self.in_shape))
+        return self.in_shape
+
+    @property
+    def our_shape(self) -> tuple[int, ...]:
+        """Per-layer shape (without the stacked layer axis)."""
+        return self.in_shape + self.out_shape
+
+    def hf_name(self, layer: int | None = None) -> str:
+        return self.hf.format(i=layer) if self.layered else self.hf
+
+
+def entries(config: ModelConfig) -> list[Entry]:
+    """The table for one config, in checkpoint order (embedding first, head last)."""
+    d, f, v = config.hidden_size, config.intermediate_size, config.vocab_size
+    h, k, q = config.num_heads, config.num_kv_heads, config.head_dim
+    pre = "model.layers.{i}."
+    table = [Entry("model.embed_tokens.weight", ("embed",), (v, d))]
+    for ours, theirs, size in (("input_norm", "input_layernorm", d), ("post_attn_norm", "post_attention_layernorm", d),
+                               ("q_norm", "self_attn.q_norm", q), ("k_norm", "self_attn.k_norm", q)):
+        table.append(Entry(pre + theirs + ".weight", ("layers", ours, "scale"), (size,)))
+    for name, i, o in (("self_attn.q_proj", (d,), (h, q)), ("self_attn.k_proj", (d,), (k, q)),
+                       ("self_attn.v_proj", (d,), (k, q)), ("self_attn.o_proj", (h, q), (d,)),
+                       ("mlp.gate_proj", (d,), (f,)), ("mlp.up_proj", (d,), (f,)), ("mlp.down_proj", (f,), (d,))):
+        table.append(Entry(pre + name + ".weight", ("layers", name.split(".")[1], "kernel"), i, o, linear=True))
+    table.append(Entry("model.norm.weight", ("final_norm", "scale"), (d,)))
+    if not config.tie_word_embeddings:
+        table.append(Entry("lm_head.weight", ("lm_head",), (d,), (v,), linear=True))
+    return table
+
+
+def hf_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every HF tensor name the config implies, with its shape."""
+    shapes = {}
+    for e in entries(config):
+        for layer in range(config.num_layers) if e.layered else [None]:
+            shapes[e.hf_name(layer)] = e.hf_shape
+    return shapes
+
+
+def stacked_shape(entry: Entry, config: ModelConfig) -> tuple[int, ...]:
+    """Our full shape of an entry: `[layers, ...]` for per-layer tensors."""
+    return ((config.num_layers,) if entry.layered else ()) + entry.our_shape
+
+
+def _check(name: str, got: tuple[int, ...], want: tuple[int, ...]) -> None:
+    if tuple(got) != tuple(want):
+        raise ShapeError(f"tensor {name!r} has shape {tuple(got)}, expected {tuple(want)} from the config")
+
+
+def fill(entry: Entry, hf_array: np.ndarray, out: np.ndarray, name: str | None = None) -> None:
+    """Writes one HF tensor into `out` (our per-layer layout, possibly a slice of a bigger array).
+
+    Writing in place (with any dtype cast) saves a temporary copy of the tensor.
+    """
+    _check(name or entry.hf, hf_array.shape, entry.hf_shape)
+    _check(f"{'/'.join(entry.path)} (destination)", out.shape, entry.our_shape)
+    if not entry.linear:
+        out[...] = hf_array
+        return
+    flat = (math.prod(entry.in_shape), math.prod(entry.out_shape))
+    view = out if out.shape == flat else out.reshape(flat)
+    if not np.shares_memory(view, out):  # a reshape that copied would silently drop the write
+        raise ValueError(f"destination of {entry.hf!r} must be contiguous")
+    view[...] = hf_array.T
+
+
+def to_hf(entry: Entry, ours: np.ndarray, name: str | None = None) -> np.ndarray:
+    """One per-layer slice of our param in HF layout (contiguous, same dtype)."""
+    _check(f"{'/'.join(entry.path)} for {name or entry.hf}", ours.shape, entry.our_shape)
+    if not entry.linear:
+        return np.ascontiguousarray(ours)
+    return np.ascontiguousarray(ours.reshape(math.prod(entry.in_shape), math.prod(entry.out_shape)).T)
+
+
+def get_path(tree: dict, path: tuple[str, ...]):
+    for key in path:
+        if not isinstance(tree, dict) or key not in tree:
+            raise KeyError(f"params have no entry {'/'.join(path)!r}")
+        tree = tree[key]
+    return tree
+
+
+def set_path(tree: dict, path: tuple[str, ...], value) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+def check_params(params: dict, config: ModelConfig) -> None:
+    """Asserts that `params` has exactly the leaves and shapes the config implies."""
+    want = {e.path: stacked_shape(e, config) for e in entries(config)}
+
+    def leaves(tree, prefix=()):
+        for key, value in tree.items():
+            if isinstance(value, dict):
+                yield from leaves(value, prefix + (key,))
+            else:
+                yield prefix + (key,), value
+
+    have = dict(leaves(params))
+    missing = sorted("/".join(p) for p in set(want) - set(have))
+    extra = sorted("/".join(p) for p in set(have) - set(want))
+    if missing or extra:
+        raise ShapeError(f"params do not match the config: missing {missing}, unexpected {extra}")
+    for path, shape in want.items():
+        _check("/".join(path), tuple(have[path].shape), shape)

@@ -1,0 +1,132 @@
+"""Gated-LoRA adapter params as their own pytree (SPEC §7): init, save/load, merge.
+
+The adapter itself is applied inside `model.Proj` (collection `'lora'`, per-token gate). Its params
+mirror the base layer structure, stacked over layers:
+`{'layers': {name: {'a': [layers, fan_in, r], 'b': [layers, r, fan_out]}}}` for the seven
+projections; the update of a projection is `x @ a @ b * alpha / rank` with `b` zero at init, so a fresh
+adapter drafts exactly like the AR model.
+
+Adapters are saved apart from the base weights as one safetensors file (`adapter.safetensors`, keys
+`layers.<proj>.<a|b>`) with the rank and alpha in its metadata, so an adapter of a few hundred MB can
+be shipped and swapped without touching the base checkpoint.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .config import ConfigError, LoraConfig, ModelConfig
+
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ADAPTER_FILE = "adapter.safetensors"
+
+
+def projection_shapes(config: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """(in_shape, out_shape) of each projection's kernel, per layer (matches `model.Block`)."""
+    d, h, kvh, hd, f = (config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim,
+                        config.intermediate_size)
+    return {"q_proj": ((d,), (h, hd)), "k_proj": ((d,), (kvh, hd)), "v_proj": ((d,), (kvh, hd)),
+            "o_proj": ((h, hd), (d,)), "gate_proj": ((d,), (f,)), "up_proj": ((d,), (f,)),
+            "down_proj": ((f,), (d,))}
+
+
+def init_lora(config: ModelConfig, lora: LoraConfig, key: jax.Array) -> dict:
+    """A fresh adapter: `a ~ N(0, 1/fan_in)`, `b = 0` (so the drafter starts as the AR model).
+
+    Built directly from the shapes, without materialising the base model, so it is cheap for 4B models.
+    """
+    params = {}
+    dtype = config.jnp_param_dtype
+    keys = jax.random.split(key, len(PROJECTIONS))
+    for k, (name, (i, o)) in zip(keys, projection_shapes(config).items()):
+        fan_in, fan_out = int(np.prod(i)), int(np.prod(o))
+        a = jax.random.normal(k, (config.num_layers, fan_in, lora.rank), jnp.float32) * fan_in ** -0.5
+        params[name] = {"a": a.astype(dtype), "b": jnp.zeros((config.num_layers, lora.rank, fan_out), dtype)}
+    return {"layers": params}
+
+
+def check_lora(lora_params: dict, config: ModelConfig, lora: LoraConfig) -> None:
+    """Raises ConfigError naming the first adapter array whose shape does not fit `config` / `lora`."""
+    if set(lora_params) != {"layers"} or set(lora_params["layers"]) != set(PROJECTIONS):
+        got = sorted(lora_params.get("layers", lora_params))
+        raise ConfigError(f"LoRA params have projections {got}: expected {sorted(PROJECTIONS)} under 'layers'")
+    for name, (i, o) in projection_shapes(config).items():
+        want = {"a": (config.num_layers, int(np.prod(i)), lora.rank),
+                "b": (config.num_layers, lora.rank, int(np.prod(o)))}
+        for part, shape in want.items():
+            got = tuple(lora_params["layers"][name][part].shape)
+            if got != shape:
+                raise ConfigError(f"LoRA layers.{name}.{part} has shape {got}: expected {shape} "
+                                  f"(rank {lora.rank}, model {config.hidden_size}d × {config.num_layers} layers)")
+
+
+def num_params(lora_params: dict) -> int:
+    return int(sum(x.size for x in jax.tree_util.tree_leaves(lora_params)))
+
+
+def merge(params: dict, lora_params: dict, lora: LoraConfig) -> dict:
+    """Base params with the adapter folded in: `kernel + reshape(a @ b) * alpha/rank` (fp32 sum).
+
+    The merged model equals the adapter model with the gate on for every token (the pure drafter).
+    """
+    layers = dict(params["layers"])
+    for name in PROJECTIONS:
+        kernel = layers[name]["kernel"]
+        ad = lora_params["layers"][name]
+        delta = jnp.einsum("lir,lro->lio", ad["a"].astype(jnp.float32), ad["b"].astype(jnp.float32))
+        delta = delta.reshape(kernel.shape) * lora.scale
+        layers[name] = {**layers[name], "kernel": (kernel.astype(jnp.float32) + delta).astype(kernel.dtype)}
+    return {**params, "layers": layers}
+
+
+def save(path: str | os.PathLike, lora_params: dict, lora: LoraConfig) -> Path:
+    """Writes `<path>/adapter.safetensors` (atomically: temp dir, then rename). Returns the file path."""
+    from safetensors.numpy import save_file
+
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise FileExistsError(f"LoRA output {path} exists and is not a directory")
+    flat = {f"layers.{name}.{part}": np.asarray(jax.device_get(arr))
+            for name in PROJECTIONS for part, arr in lora_params["layers"][name].items()}
+    if any(v.dtype == jnp.bfloat16 for v in flat.values()):
+        # safetensors' numpy writer has no bf16; fp32 is lossless and loading casts back
+        flat = {k: v.astype(np.float32) for k, v in flat.items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".lora_tmp_", dir=path.parent))
+    try:
+        save_file(flat, str(tmp / ADAPTER_FILE), metadata={"rank": str(lora.rank), "alpha": repr(float(lora.alpha)),
+                                                          "format": "zarya_jax.lora/1"})
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return path / ADAPTER_FILE
+
+
+def load(path: str | os.PathLike, dtype=None) -> tuple[dict, LoraConfig]:
+    """Reads an adapter directory (or the `.safetensors` file itself) -> (lora_params, LoraConfig)."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    file = path / ADAPTER_FILE if path.is_dir() else path
+    if not file.is_file():
+        raise FileNotFoundError(f"LoRA adapter {path}: expected a directory holding {ADAPTER_FILE} or that file")
+    with safe_open(str(file), framework="numpy") as f:
+        meta = f.metadata() or {}
+        if "rank" not in meta or "alpha" not in meta:
+            raise ConfigError(f"LoRA adapter {file}: metadata lacks rank/alpha (not written by zarya_jax.lora.save)")
+        cfg = LoraConfig(rank=int(meta["rank"]), alpha=float(meta["alpha"]))
+        params: dict = {"layers": {}}
+        for key in f.keys():
+            _, name, part = key.split(".")
+            arr = jnp.asarray(f.get_tensor(key))
+            params["layers"].setdefault(name, {})[part] = arr if dtype is None else arr.astype(dtype)
+    return params, cfg

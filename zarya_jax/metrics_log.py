@@ -1,0 +1,108 @@
+"""Metrics: JSONL + TensorBoard writers and the model-FLOPs-utilisation (MFU) estimate."""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import jax
+
+from .config import ModelConfig
+
+# Dense bf16 peak FLOP/s per device (vendor data sheets), matched as substrings of `device_kind`.
+PEAK_FLOPS = (
+    ("TPU v6", 918e12), ("TPU v5p", 459e12), ("TPU v5 lite", 197e12), ("TPU v5e", 197e12),
+    ("TPU v5", 459e12), ("TPU v4", 275e12), ("TPU v3", 123e12),
+    ("B200", 2250e12), ("H200", 989e12), ("H100", 989e12), ("GH200", 989e12), ("A100", 312e12),
+    ("L40S", 362e12), ("L4", 121e12), ("A10", 125e12), ("RTX 4090", 165e12), ("V100", 125e12),
+)
+
+
+def _cpu_core_peak() -> float:
+    """Assumed fp32 peak of one CPU core: 2 FMA units × SIMD lanes × 2 flops × 3 GHz."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        flags = ""
+    lanes = 16 if "avx512f" in flags else 8
+    return 2 * lanes * 2 * 3.0e9
+
+
+def peak_flops(devices=None, override: float = 0.0) -> tuple[float, str]:
+    """(total peak FLOP/s of `devices`, how it was obtained). CPU devices share the host's cores,
+    so their peak is the host's assumed peak whatever the number of (virtual) devices."""
+    devices = list(jax.devices() if devices is None else devices)
+    if override > 0:
+        return override * len(devices), f"given ({override:.3g}/device)"
+    kind = devices[0].device_kind
+    if devices[0].platform == "cpu":
+        cores = os.cpu_count() or 1
+        per_core = _cpu_core_peak()
+        return cores * per_core, f"assumed CPU peak: {cores} cores × {per_core / 1e9:.0f} GFLOP/s (estimate)"
+    for name, peak in PEAK_FLOPS:
+        if name.lower() in kind.lower():
+            return peak * len(devices), f"{kind} bf16 peak {peak / 1e12:.0f} TFLOP/s × {len(devices)}"
+    return math.nan, f"unknown device kind {kind!r}: set train.peak_flops"
+
+
+def train_flops_per_token(config: ModelConfig, seq_len: int, forward_passes: float = 1.0) -> float:
+    """6·N (matmul params, LM head included even when tied, embedding lookup excluded) plus the
+    attention term 12·layers·heads·head_dim·seq_len (QKᵀ and AV, forward + backward), times the
+    number of forward passes the objective makes per example."""
+    table = config.vocab_size * config.hidden_size
+    n = config.num_params() - table + (table if config.tie_word_embeddings else 0)
+    attn = 12 * config.num_layers * config.num_heads * config.head_dim * seq_len
+    return forward_passes * (6 * n + attn)
+
+
+class MetricsLog:
+    """Appends `{"step": s, ...}` lines to WORKDIR/metrics.jsonl and scalars to TensorBoard (WORKDIR/tb).
+
+    On resume from step s, lines after s are dropped first so the file reads as one uninterrupted run.
+    Only process 0 writes.
+    """
+
+    def __init__(self, workdir: str, start_step: int, tensorboard: bool = True):
+        self.enabled = jax.process_index() == 0
+        self.path = os.path.join(workdir, "metrics.jsonl")
+        self._tb = None
+        if not self.enabled:
+            return
+        if os.path.exists(self.path):
+            with open(self.path) as f:
+                keep = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= start_step]
+            tmp = self.path + ".tmp"
+            with open(tmp, "w") as f:
+                f.writelines(keep)
+            os.replace(tmp, self.path)
+        self._file = open(self.path, "a")
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+            self._tb = SummaryWriter(os.path.join(workdir, "tb"))
+
+    def write(self, step: int, metrics: dict) -> None:
+        if not self.enabled:
+            return
+        row = {"step": int(step)}
+        for k, v in metrics.items():
+            row[k] = v if isinstance(v, (str, int)) else float(v)
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for k, v in row.items():
+                if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
+                    self._tb.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(workdir: str) -> list[dict]:
+    path = os.path.join(workdir, "metrics.jsonl")
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,157 @@
+"""`GenerationConfig` (every sampling knob, SPEC §4–§7) and `GenerationOutput`.
+
+The config is a frozen, hashable dataclass: it is a jit static argument, so one compile serves every
+call with the same (batch, prompt bucket, config).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+MODES = ("ar", "mdm", "slotted", "spec")
+DRAFTERS = ("lora", "self")
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationConfig:
+    """Knobs of `zarya_jax.sampling.generate`.
+
+    mode: "ar" | "mdm" (mode A, SPEC §5) | "slotted" (mode B, SPEC §6) | "spec" (SPEC §7); None routes
+      by `slotted_generation` as the paper does (True → "slotted", False → "mdm").
+    temperature (0 = greedy), top_k (0 = off), top_p (1.0 = off), repetition_penalty (1.0 = off): SPEC §4.
+    steps, alpha0: mode A's T (0 → ceil(M/4) diffusion steps of ≤ 4 tokens) and diffusion share.
+    slot_size, serial_num_blocks, slot_threshold, token_threshold: mode B. `slot_threshold` in [0, 1];
+      any value > 1 is accepted and means "one slot per plan" (no first-token probability exceeds it,
+      so the single most confident slot is always chosen, as in ReFusion's code).
+    draft_length, drafter: mode "spec" (F and "lora" | "self").
+    eos_token_id: None → the model config's; stop_at_eos: a row stops after its first EOS.
+    prompt_bucket: padded prompt length is rounded up to a multiple of it (bounds the compiles).
+    """
+
+    mode: str | None = None
+    slotted_generation: bool = False
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    steps: int = 0
+    alpha0: float = 0.25
+    slot_size: int = 8
+    serial_num_blocks: int = 2
+    slot_threshold: float = 0.9
+    token_threshold: float = 0.9
+    draft_length: int = 8
+    drafter: str = "lora"
+    eos_token_id: int | None = None
+    prompt_bucket: int = 16
+    stop_at_eos: bool = True
+
+    @property
+    def resolved_mode(self) -> str:
+        if self.mode is not None:
+            return self.mode
+        return "slotted" if self.slotted_generation else "mdm"
+
+    def replace(self, **changes) -> "GenerationConfig":
+        return dataclasses.replace(self, **changes)
+
+    def validate(self, model_config=None, prompts=None) -> None:
+        """Raises ValueError naming the bad value and what was expected (called before compiling)."""
+        if self.mode is not None and self.mode not in MODES:
+            raise ValueError(f"GenerationConfig.mode={self.mode!r}: expected one of {MODES} or None")
+        _int_at_least("max_new_tokens", self.max_new_tokens, 1)
+        _int_at_least("top_k", self.top_k, 0)
+        _int_at_least("steps", self.steps, 0)
+        _int_at_least("slot_size", self.slot_size, 1)
+        _int_at_least("serial_num_blocks", self.serial_num_blocks, 1)
+        _int_at_least("draft_length", self.draft_length, 1)
+        _int_at_least("prompt_bucket", self.prompt_bucket, 1)
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
+                and self.temperature >= 0):
+            raise ValueError(f"GenerationConfig.temperature={self.temperature!r}: expected a finite value ≥ 0")
+        if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
+            raise ValueError(f"GenerationConfig.top_p={self.top_p!r}: expected a value in (0, 1]")
+        if not (isinstance(self.repetition_penalty, (int, float)) and math.isfinite(self.repetition_penalty)
+                and self.repetition_penalty > 0):
+            raise ValueError(
+                f"GenerationConfig.repetition_penalty={self.repetition_penalty!r}: expected a finite value > 0")
+        if not (isinstance(self.alpha0, (int, float)) and 0.0 <= self.alpha0 <= 1.0):
+            raise ValueError(f"GenerationConfig.alpha0={self.alpha0!r}: expected a value in [0, 1]")
+        if not (isinstance(self.slot_threshold, (int, float)) and self.slot_threshold >= 0.0
+                and not math.isnan(self.slot_threshold)):
+            raise ValueError(f"GenerationConfig.slot_threshold={self.slot_threshold!r}: expected a value in "
+                             "[0, 1] (or > 1 for one slot per plan)")
+        if not (isinstance(self.token_threshold, (int, float)) and 0.0 <= self.token_threshold <= 1.0):
+            raise ValueError(f"GenerationConfig.token_threshold={self.token_threshold!r}: expected a value in [0, 1]")
+        if self.drafter not in DRAFTERS:
+            raise ValueError(f"GenerationConfig.drafter={self.drafter!r}: expected one of {DRAFTERS}")
+        if self.resolved_mode == "slotted" and self.slot_size > self.max_new_tokens:
+            raise ValueError(
+                f"GenerationConfig.slot_size={self.slot_size} does not fit max_new_tokens={self.max_new_tokens}: "
+                "mode B needs at least one whole slot (slot_size ≤ max_new_tokens)")
+        if model_config is not None:
+            self._validate_model(model_config)
+        if prompts is not None:
+            self._validate_prompts(model_config, prompts)
+
+    def _validate_model(self, mc) -> None:
+        mode = self.resolved_mode
+        if mode in ("mdm", "slotted") or (mode == "spec" and self.drafter == "self"):
+            if mc.mask_token_id is None:
+                raise ValueError(f"mode {mode!r} needs a mask token, but the model config has mask_token_id=None")
+        eos = self.eos_token_id
+        if eos is not None and not 0 <= eos < mc.vocab_size:
+            raise ValueError(f"GenerationConfig.eos_token_id={eos}: outside the vocabulary [0, {mc.vocab_size})")
+        if self.top_k > mc.vocab_size:
+            raise ValueError(f"GenerationConfig.top_k={self.top_k}: larger than the vocabulary ({mc.vocab_size})")
+
+    def _validate_prompts(self, mc, prompts) -> None:
+        if not isinstance(prompts, (list, tuple)) or len(prompts) == 0:
+            raise ValueError(f"prompts: expected a non-empty list of token-id lists, got {type(prompts).__name__} "
+                             f"of length {len(prompts) if hasattr(prompts, '__len__') else '?'}")
+        for i, p in enumerate(prompts):
+            if isinstance(p, str) or not hasattr(p, "__len__"):
+                raise ValueError(f"prompts[{i}]: expected a list of token ids, got {type(p).__name__}")
+            if len(p) == 0:
+                raise ValueError(f"prompts[{i}] is empty: every prompt needs at least one token")
+            arr = np.asarray(p)
+            if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+                raise ValueError(f"prompts[{i}]: expected a flat list of integer token ids")
+            if mc is not None and (arr.min() < 0 or arr.max() >= mc.vocab_size):
+                raise ValueError(f"prompts[{i}] has token id {int(arr.min() if arr.min() < 0 else arr.max())} "
+                                 f"outside the vocabulary [0, {mc.vocab_size})")
+            if mc is not None:
+                need = len(p) + self.max_new_tokens + (self.draft_length if self.resolved_mode == "spec" else 0)
+                if need > mc.max_position_embeddings:
+                    raise ValueError(
+                        f"prompts[{i}] has {len(p)} tokens; with max_new_tokens={self.max_new_tokens} it needs "
+                        f"{need} positions but the model has max_position_embeddings={mc.max_position_embeddings}")
+
+
+def _int_at_least(name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"GenerationConfig.{name}={value!r}: expected an integer ≥ {low}")
+
+
+@dataclasses.dataclass
+class GenerationOutput:
+    """Result of `generate`.
+
+    tokens: np.int32 [B, max_new_tokens], generated tokens in logical order; after `lengths[b]` the
+      row holds the pad id (model pad, else EOS, else 0).
+    lengths: np.int32 [B], generated tokens per row, the first EOS included.
+    num_forward_passes: np.int32 [B], model passes that row took part in (prefill counts as one pass).
+    tokens_per_forward: np.float32 [B], lengths / num_forward_passes.
+    stats: dict with "mode", "loop_passes" (passes of the batched program), "mean_tokens_per_forward",
+      per-mode extras and, with `debug=True`, "trace".
+    """
+
+    tokens: np.ndarray
+    lengths: np.ndarray
+    num_forward_passes: np.ndarray
+    tokens_per_forward: np.ndarray
+    stats: dict = dataclasses.field(default_factory=dict)

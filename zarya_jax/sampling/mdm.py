@@ -1,0 +1,163 @@
+"""Mode A: MDM sampling with first-hitting denoising and a reusable KV cache (SPEC §5, Eso-LM style).
+
+Per row, with M = max_new_tokens masks after the prompt:
+1. Budget. T = `steps` > 0: N_d ~ Binomial(M, alpha0) diffusion tokens spread as evenly as possible
+   over T steps (k_i = ⌊(i+1)N_d/T⌋ − ⌊iN_d/T⌋ ≤ ⌈M/T⌉), then the M − N_d others one per step
+   (sequential phase). T = 0: every token is a diffusion token, ⌈M/4⌉ steps of ≤ 4. Empty steps
+   (N_d < T) are skipped: they would sample nothing and leave the cache unchanged.
+2. Order. The diffusion tokens in a random order, then the sequential ones left to right; the
+   generated tokens are laid out physically in that order (logical positions carried, SPEC §0).
+3. Step s feeds the window `[tokens sampled at step s−1 ; this step's k_s masks]` against the cache
+   (window K = ⌈M/T⌉ (T > 0) or min(4, M) rows per half; unused rows are masked), commits the K/V of
+   the clean half only, and samples the masks (MDM convention: a mask's logits row predicts its own
+   position). The last step's tokens are never fed back (no pass needs them).
+4. Tokens are scattered by logical offset, so the output is in logical order.
+EOS: a row stops once every position before its first decoded EOS is decoded; the sequential tail
+then ends at the EOS.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import kv_cache, masks
+from .. import model as model_lib
+from . import ar
+from .config import GenerationConfig
+
+Array = jax.Array
+
+
+def window_rows(gcfg: GenerationConfig) -> int:
+    """Static K: the most masks any step holds (the window has 2K rows)."""
+    m, t = gcfg.max_new_tokens, gcfg.steps
+    return -(-m // t) if t > 0 else min(4, m)
+
+
+def max_steps(gcfg: GenerationConfig) -> int:
+    m, t = gcfg.max_new_tokens, gcfg.steps
+    return t + m if t > 0 else -(-m // 4)
+
+
+def plan(key: Array, gcfg: GenerationConfig, batch: int) -> tuple[Array, Array, Array]:
+    """Per-row schedule: (order int32 [B, M] logical offsets in physical order, sizes int32 [B, S]
+    tokens per step (non-empty steps first), num_steps [B], num_diffusion [B]). S = max_steps."""
+    m, t = gcfg.max_new_tokens, gcfg.steps
+    k_budget, k_order = jax.random.split(key)
+    if t > 0:
+        # Binomial(M, alpha0) as a sum of M Bernoulli draws (exact).
+        n_d = (jax.random.uniform(k_budget, (batch, m)) < gcfg.alpha0).sum(1).astype(jnp.int32)
+        i = jnp.arange(t, dtype=jnp.int32)[None, :]
+        diff = ((i + 1) * n_d[:, None]) // t - (i * n_d[:, None]) // t
+        seq = (jnp.arange(m)[None, :] < (m - n_d)[:, None]).astype(jnp.int32)
+        sizes = jnp.concatenate([diff, seq], axis=1)
+    else:
+        n = -(-m // 4)
+        i = jnp.arange(n, dtype=jnp.int32)
+        sizes = jnp.broadcast_to(((i + 1) * m) // n - (i * m) // n, (batch, n))
+        n_d = jnp.full((batch,), m, jnp.int32)
+    compact = jnp.argsort(sizes == 0, axis=1, stable=True)
+    sizes = jnp.take_along_axis(sizes, compact, axis=1).astype(jnp.int32)
+    rank = jnp.argsort(jnp.argsort(jax.random.uniform(k_order, (batch, m)), axis=1), axis=1)
+    offsets = jnp.arange(m)[None, :]
+    sort_key = jnp.where(rank < n_d[:, None], rank, n_d[:, None] + offsets)
+    order = jnp.argsort(sort_key, axis=1).astype(jnp.int32)
+    return order, sizes, (sizes > 0).sum(1).astype(jnp.int32), n_d
+
+
+def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: GenerationConfig,
+        debug: bool = False) -> dict:
+    """Mode A decode. tokens int32 [B, P] right-padded, lengths [B]. Returns tokens [B, M] (logical),
+    lengths, num_forward_passes [B] (prefill included), loop_passes, order [B, M], num_diffusion [B];
+    with debug a per-pass 'trace' (logits/tokens/positions/valid [S, B, 2K, ·], cache_len [S, B])."""
+    b, p = tokens.shape
+    m = gcfg.max_new_tokens
+    kw = window_rows(gcfg)
+    w = 2 * kw
+    n_steps_max = max_steps(gcfg)
+    eos, pad = ar.special_ids(config, gcfg)
+    mask_id = config.mask_token_id
+    draw = ar.sampler(config, gcfg)
+    stop = eos is not None and gcfg.stop_at_eos
+    k_plan, k_sample = jax.random.split(key)
+    order, sizes, n_steps, n_diff = plan(k_plan, gcfg, b)
+    starts = jnp.cumsum(sizes, axis=1) - sizes
+    _, cache = ar.prefill(params, config, tokens, lengths, p + m)
+    rows = jnp.arange(b)[:, None]
+    offs = jnp.arange(m)[None, :]
+    slot = jnp.arange(kw)[None, :]
+
+    state = dict(s=jnp.int32(0), cache=cache, gen=jnp.full((b, m), pad, jnp.int32),
+                 decoded=jnp.zeros((b, m), bool), prev_off=jnp.full((b, kw), m, jnp.int32),
+                 done=jnp.zeros((b,), bool), nfe=jnp.ones((b,), jnp.int32),
+                 presence=ar.initial_presence(tokens, lengths, config.vocab_size, gcfg))
+    if debug:
+        state["trace"] = dict(logits=jnp.zeros((n_steps_max, b, w, config.vocab_size), jnp.float32),
+                              tokens=jnp.zeros((n_steps_max, b, w), jnp.int32),
+                              positions=jnp.zeros((n_steps_max, b, w), jnp.int32),
+                              valid=jnp.zeros((n_steps_max, b, w), bool),
+                              cache_len=jnp.zeros((n_steps_max, b), jnp.int32))
+
+    def cond(st):
+        return (st["s"] < n_steps_max) & jnp.any(~st["done"])
+
+    def body(st):
+        s = st["s"]
+        active = ~st["done"] & (s < n_steps)
+        k_s = jnp.where(active, sizes[:, s], 0)
+        phys = jnp.clip(starts[:, s][:, None] + slot, 0, m - 1)
+        mask_valid = slot < k_s[:, None]
+        mask_off = jnp.where(mask_valid, jnp.take_along_axis(order, phys, axis=1), m)
+        prev_valid = (st["prev_off"] < m) & active[:, None]
+        prev_tok = jnp.take_along_axis(st["gen"], jnp.minimum(st["prev_off"], m - 1), axis=1)
+        win_tok = jnp.concatenate([jnp.where(prev_valid, prev_tok, pad),
+                                   jnp.where(mask_valid, mask_id, pad)], axis=1)
+        win_off = jnp.minimum(jnp.concatenate([st["prev_off"], mask_off], axis=1), m - 1)
+        win_pos = lengths[:, None] + win_off
+        valid = jnp.concatenate([prev_valid, mask_valid], axis=1)
+        logits, kv = model_lib.apply(params, config, win_tok, win_pos,
+                                     window_mask=masks.causal_with_padding(valid), cache=st["cache"])
+        cache = kv_cache.commit(st["cache"], kv, jnp.concatenate([prev_valid, jnp.zeros_like(mask_valid)], 1))
+        new_tok = draw(jax.random.fold_in(k_sample, s), logits[:, kw:], st["presence"])
+        gen = st["gen"].at[rows, mask_off].set(new_tok, mode="drop")
+        decoded = st["decoded"].at[rows, mask_off].set(True, mode="drop")
+        done = st["done"] | ~active | decoded.all(1)
+        if stop:
+            hit = decoded & (gen == eos)
+            first = jnp.where(hit.any(1), jnp.argmax(hit, axis=1), m)
+            done = done | (decoded | (offs > first[:, None])).all(1)
+        new = dict(s=s + 1, cache=cache, gen=gen, decoded=decoded, prev_off=mask_off, done=done,
+                   nfe=st["nfe"] + active, presence=ar.add_presence(st["presence"], new_tok, mask_valid))
+        if debug:
+            tr = st["trace"]
+            new["trace"] = dict(logits=tr["logits"].at[s].set(logits), tokens=tr["tokens"].at[s].set(win_tok),
+                                positions=tr["positions"].at[s].set(win_pos), valid=tr["valid"].at[s].set(valid),
+                                cache_len=tr["cache_len"].at[s].set(st["cache"]["length"]))
+        return new
+
+    st = jax.lax.while_loop(cond, body, state)
+    out, out_lengths = ar.finish(st["gen"], jnp.full((b,), m, jnp.int32), eos, gcfg, pad)
+    result = dict(tokens=out, lengths=out_lengths, num_forward_passes=st["nfe"], loop_passes=st["s"] + 1,
+                  order=order, num_diffusion=n_diff)
+    if debug:
+        result["trace"] = st["trace"]
+    return result
+
+
+def physical_layout(prompt_tokens: np.ndarray, prompt_lengths: np.ndarray, out_tokens: np.ndarray,
+                    out_lengths: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Host-side: (tokens, positions) int [B, P + M] in physical order — prompt, then the kept
+    generated tokens in denoising order; −1 after. Positions are logical."""
+    b, p = prompt_tokens.shape
+    m = out_tokens.shape[1]
+    toks = np.full((b, p + m), -1, np.int64)
+    pos = np.full((b, p + m), -1, np.int64)
+    for i in range(b):
+        n, k = int(prompt_lengths[i]), int(out_lengths[i])
+        kept = [int(o) for o in order[i] if o < k]
+        toks[i, :n] = prompt_tokens[i, :n]
+        pos[i, :n] = np.arange(n)
+        toks[i, n:n + k] = out_tokens[i, kept]
+        pos[i, n:n + k] = n + np.asarray(kept, np.int64)
+    return toks, pos

@@ -1,0 +1,252 @@
+"""Mode B: slotted speculative decoding, ReFusion's plan-and-infill (SPEC §6), at fixed shapes.
+
+Layout: G = max_new_tokens, NB blocks of `block_size = ⌊G/NB⌋` tokens rounded down to a multiple of
+the slot size S (NB is lowered to ⌊G/S⌋ when ⌊G/NB⌋ < S) **[decision]**; the last G − NB·block_size
+positions stay empty. Blocks are decoded left to right, each as `block_size/S` slots.
+
+One `lax.while_loop`; every iteration is exactly one model pass over a window of `block_size` rows
+(window row j = block offset j, logical position len + block·block_size + j), so rows of the batch
+may be in different phases and still share the pass:
+- PLAN: the block's pending slots as masks, causal (masks see the cache and earlier masks). Every mask
+  is drafted (§4 sampling); a slot's confidence is the (untempered) probability of its first draft
+  token; the slots above τs are chosen, at least the most confident one.
+- VERIFY: the chosen drafts, causal (they are concatenated in logical order). A token passes if its AR
+  probability (from the previous row of its slot) exceeds τt; a slot's first token passes. The
+  leading chosen slots that pass entirely (in the flattened order) are committed with this pass's
+  K/V and the row plans again; otherwise the chosen slots go to infill with their passing prefixes.
+- INFILL_DRAFT / INFILL_VERIFY: the chosen slots in parallel with the slot-local mask (each row sees
+  the committed cache and its own slot, causally) instead of ReFusion's per-slot cache copies
+  **[decision]**: a greedy MDM pass redrafts the not-yet-accepted tokens, an AR pass verifies them;
+  the token right after each accepted prefix always passes, so infill ends within S rounds. Then all
+  chosen slots are committed with the K/V of that last verify pass.
+Commits append the slots physically after the committed tokens (logical positions kept), so every
+clean token precedes every remaining mask and no K/V is recomputed.
+EOS: an accepted EOS cuts its slot after it, drops every slot logically after it; the row stops after
+the current block. Not lossless (threshold verification). Forward passes are counted per row.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .. import kv_cache, masks
+from .. import model as model_lib
+from . import ar, primitives
+from .config import GenerationConfig
+
+Array = jax.Array
+PLAN, VERIFY, INFILL_DRAFT, INFILL_VERIFY, DONE = 0, 1, 2, 3, 4
+PENDING, CHOSEN, COMMITTED, DEAD = 0, 1, 2, 3
+
+
+def block_layout(gcfg: GenerationConfig) -> tuple[int, int]:
+    """(number of blocks, block size), SPEC §6 with the rounding decision above."""
+    g, s, nb = gcfg.max_new_tokens, gcfg.slot_size, gcfg.serial_num_blocks
+    if g // nb < s:
+        nb = max(1, g // s)
+    return nb, (g // nb) // s * s
+
+
+def max_iterations(gcfg: GenerationConfig) -> int:
+    """Bound on loop passes: every plan round commits ≥ 1 slot in ≤ 2 + 2S passes."""
+    nb, bs = block_layout(gcfg)
+    return nb * (bs // gcfg.slot_size) * (2 + 2 * gcfg.slot_size)
+
+
+def _slot_cumprod(x: Array, s: int) -> Array:
+    """Prefix-AND within each slot of S consecutive rows. x bool [B, T] -> [B, T]."""
+    b, t = x.shape
+    return jnp.cumprod(x.reshape(b, t // s, s).astype(jnp.int32), axis=2).reshape(b, t).astype(bool)
+
+
+def _append(buf: Array, length: Array, values: Array, keep: Array) -> Array:
+    """Writes values[b, keep] after buf's row length (same placement as kv_cache.commit)."""
+    idx = jnp.where(keep, length[:, None] + jnp.cumsum(keep, axis=1) - 1, buf.shape[1])
+    return buf.at[jnp.arange(buf.shape[0])[:, None], idx].set(values, mode="drop")
+
+
+def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: GenerationConfig,
+        debug: bool = False) -> dict:
+    """Mode B decode. tokens int32 [B, P] right-padded, lengths [B]. Returns tokens [B, G] (logical),
+    lengths, num_forward_passes [B] (prefill included), loop_passes, physical_tokens/positions
+    [B, P + G] (the cache's rows in physical order, −1 after), plans [B]; with debug a per-pass trace."""
+    b, p = tokens.shape
+    g, S = gcfg.max_new_tokens, gcfg.slot_size
+    nb, bs = block_layout(gcfg)
+    ns = bs // S
+    lc = p + g
+    n_iter = max_iterations(gcfg)
+    eos, pad = ar.special_ids(config, gcfg)
+    mask_id = config.mask_token_id
+    draw = ar.sampler(config, gcfg)
+    greedy_cfg = gcfg.replace(temperature=0.0)
+    greedy = ar.sampler(config, greedy_cfg)
+    stop = eos is not None and gcfg.stop_at_eos
+    tau_s, tau_t = gcfg.slot_threshold, gcfg.token_threshold
+
+    _, cache = ar.prefill(params, config, tokens, lengths, lc)
+    prompt_valid = jnp.arange(p)[None, :] < lengths[:, None]
+    zeros_lc = jnp.full((b, lc), -1, jnp.int32)
+    phys_tok = _append(zeros_lc, jnp.zeros((b,), jnp.int32), tokens, prompt_valid)
+    phys_pos = _append(zeros_lc, jnp.zeros((b,), jnp.int32),
+                       jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p)), prompt_valid)
+
+    j = jnp.arange(bs)[None, :]            # window row = block offset
+    row_slot = jnp.arange(bs) // S          # [bs]
+    first_row = (jnp.arange(bs) % S == 0)[None, :]
+    slot_start = jnp.arange(ns)[None, :] * S
+    rows = jnp.arange(b)[:, None]
+
+    state = dict(it=jnp.int32(0), cache=cache, phys_tok=phys_tok, phys_pos=phys_pos,
+                 phase=jnp.full((b,), PLAN, jnp.int32), blk=jnp.zeros((b,), jnp.int32),
+                 slots=jnp.full((b, ns), PENDING, jnp.int32), draft=jnp.full((b, bs), pad, jnp.int32),
+                 tags=jnp.zeros((b, bs), bool), eos_flag=jnp.zeros((b,), bool),
+                 gen=jnp.full((b, g), pad, jnp.int32), filled=jnp.zeros((b, g), bool),
+                 nfe=jnp.ones((b,), jnp.int32), plans=jnp.zeros((b,), jnp.int32),
+                 presence=ar.initial_presence(tokens, lengths, config.vocab_size, gcfg))
+    if debug:
+        state["trace"] = dict(logits=jnp.zeros((n_iter, b, bs, config.vocab_size), jnp.float32),
+                              tokens=jnp.zeros((n_iter, b, bs), jnp.int32),
+                              positions=jnp.zeros((n_iter, b, bs), jnp.int32),
+                              valid=jnp.zeros((n_iter, b, bs), bool), phase=jnp.full((n_iter, b), DONE, jnp.int32),
+                              cache_len=jnp.zeros((n_iter, b), jnp.int32))
+
+    def cond(st):
+        return (st["it"] < n_iter) & jnp.any(st["phase"] != DONE)
+
+    def body(st):
+        it, phase, slots, draft, tags = st["it"], st["phase"], st["slots"], st["draft"], st["tags"]
+        ph = phase[:, None]
+        slot_rows = slots[:, row_slot]                       # [B, bs]
+        pending_rows = slot_rows == PENDING
+        chosen_rows = slot_rows == CHOSEN
+        local = (phase == INFILL_DRAFT) | (phase == INFILL_VERIFY)
+
+        # ---- the window of this pass, per row's phase
+        valid = jnp.where(ph == PLAN, pending_rows, jnp.where(ph == DONE, False, chosen_rows))
+        win_tok = jnp.where(ph == PLAN, mask_id, jnp.where((ph == INFILL_DRAFT) & ~tags, mask_id, draft))
+        win_tok = jnp.where(valid, win_tok, pad)
+        positions = (lengths + st["blk"] * bs)[:, None] + j
+        causal = masks.causal_with_padding(valid)
+        slot_local = masks.group_local(jnp.where(valid, row_slot[None, :], -1))
+        wmask = jnp.where(local[:, None, None], slot_local, causal)
+        logits, kv = model_lib.apply(params, config, win_tok, positions, window_mask=wmask, cache=st["cache"])
+        nfe = st["nfe"] + (phase != DONE)
+
+        # ---- PLAN: draft every mask, choose slots by first-token confidence
+        k_it = jax.random.fold_in(key, it)
+        plan_draft = draw(k_it, logits, st["presence"])
+        conf = primitives.token_prob(logits, plan_draft, mask_id)[:, ::S]          # [B, ns]
+        pend = slots == PENDING
+        pick = pend & (conf > tau_s)
+        best = jax.nn.one_hot(jnp.argmax(jnp.where(pend, conf, -1.0), axis=1), ns, dtype=bool) & pend
+        pick = jnp.where(pick.any(1, keepdims=True), pick, best)
+        plan_slots = jnp.where(pick, CHOSEN, slots)
+
+        # ---- AR probability of each drafted token from the previous row of its slot
+        ar_prob = jnp.concatenate([jnp.ones((b, 1)), primitives.token_prob(logits[:, :-1], draft[:, 1:], mask_id)],
+                                  axis=1)
+        ar_ok = ar_prob > tau_t
+
+        # ---- VERIFY: commit the passing leading chosen slots, else go to infill
+        passed = chosen_rows & (first_row | ar_ok)
+        first_fail = jnp.min(jnp.where(chosen_rows & ~passed, j, bs), axis=1)
+        lead = (slots == CHOSEN) & (slot_start + S - 1 < first_fail[:, None])   # [B, ns]
+        commit_v = chosen_rows & lead[:, row_slot]
+        v_eos_pos = jnp.full((b,), bs)
+        if stop:
+            v_eos = chosen_rows & (draft == eos) & (j < first_fail[:, None])
+            v_eos_pos = jnp.where(v_eos.any(1), jnp.argmax(v_eos, axis=1), bs)
+            commit_v = jnp.where((v_eos_pos < bs)[:, None], chosen_rows & (j <= v_eos_pos[:, None]), commit_v)
+        v_commits = commit_v.any(1)
+        v_slots_done = commit_v.reshape(b, ns, S).any(axis=2)
+        verify_slots = jnp.where(v_slots_done, COMMITTED, jnp.where(slots == CHOSEN, PENDING, slots))
+        verify_slots = jnp.where(slot_start > v_eos_pos[:, None], DEAD, verify_slots)
+        verify_slots = jnp.where(v_commits[:, None], verify_slots, slots)
+        verify_tags = _slot_cumprod(passed, S)
+
+        # ---- INFILL_DRAFT: greedy redraft of the not-yet-accepted tokens
+        infill_draft = jnp.where(chosen_rows & ~tags, greedy(k_it, logits, st["presence"]), draft)
+
+        # ---- INFILL_VERIFY: extend each slot's accepted prefix (the next token always passes)
+        prev_tag = jnp.concatenate([jnp.ones((b, 1), bool), tags[:, :-1]], axis=1) | first_row
+        new_tags = _slot_cumprod(chosen_rows & (tags | prev_tag | ar_ok), S) & chosen_rows
+        i_slots = slots
+        i_eos_pos = jnp.full((b,), bs)
+        if stop:
+            i_eos = new_tags & (draft == eos)
+            i_eos_pos = jnp.where(i_eos.any(1), jnp.argmax(i_eos, axis=1), bs)
+            eos_slot = i_eos_pos // S
+            after = slot_start > i_eos_pos[:, None]
+            i_slots = jnp.where(after & ((slots == CHOSEN) | (slots == PENDING)), DEAD, slots)
+            new_tags = new_tags | (chosen_rows & (row_slot[None, :] == eos_slot[:, None]))
+            new_tags = new_tags & (i_slots[:, row_slot] == CHOSEN)
+        i_chosen_rows = i_slots[:, row_slot] == CHOSEN
+        complete = jnp.all(new_tags | ~i_chosen_rows, axis=1)
+        commit_i = i_chosen_rows & (j <= i_eos_pos[:, None]) & complete[:, None]
+        i_slots = jnp.where(complete[:, None] & (i_slots == CHOSEN), COMMITTED, i_slots)
+
+        # ---- select per phase
+        is_plan, is_ver, is_dr, is_iv = (phase == PLAN), (phase == VERIFY), (phase == INFILL_DRAFT), \
+            (phase == INFILL_VERIFY)
+        sel = lambda a, bv, c, d, e: jnp.where(  # noqa: E731
+            _b(is_plan, a), a, jnp.where(_b(is_ver, a), bv, jnp.where(_b(is_dr, a), c, jnp.where(_b(is_iv, a), d, e))))
+        new_slots = sel(plan_slots, verify_slots, slots, i_slots, slots)
+        new_draft = sel(jnp.where(pending_rows, plan_draft, draft), draft, infill_draft, draft, draft)
+        new_tags_all = sel(tags, verify_tags, tags, new_tags, tags)
+        commit = jnp.where(is_ver[:, None], commit_v, False) | jnp.where(is_iv[:, None], commit_i, False)
+        committed_now = (is_ver & v_commits) | (is_iv & complete)
+        next_phase = jnp.where(is_plan, VERIFY, jnp.where(is_ver, jnp.where(v_commits, PLAN, INFILL_DRAFT),
+                               jnp.where(is_dr, INFILL_VERIFY, jnp.where(is_iv, jnp.where(complete, PLAN,
+                                                                                          INFILL_DRAFT), DONE))))
+        eos_pos = jnp.where(is_ver, v_eos_pos, jnp.where(is_iv & complete, i_eos_pos, bs))
+        eos_flag = st["eos_flag"] | (committed_now & (eos_pos < bs))
+
+        # ---- commit: K/V of this pass, tokens into the logical output
+        cache = kv_cache.commit(st["cache"], kv, commit)
+        length = st["cache"]["length"]
+        phys_tok = _append(st["phys_tok"], length, new_draft, commit)
+        phys_pos = _append(st["phys_pos"], length, positions, commit)
+        out_idx = jnp.where(commit, st["blk"][:, None] * bs + j, g)
+        gen = st["gen"].at[rows, out_idx].set(new_draft, mode="drop")
+        filled = st["filled"].at[rows, out_idx].set(True, mode="drop")
+        presence = ar.add_presence(st["presence"], new_draft, commit)
+
+        # ---- block end: next block, or stop (after EOS or the last block)
+        block_over = (next_phase == PLAN) & ~jnp.any(new_slots == PENDING, axis=1)
+        finished = block_over & (eos_flag | (st["blk"] == nb - 1))
+        advance = block_over & ~finished
+        next_phase = jnp.where(finished, DONE, next_phase)
+        new_slots = jnp.where(advance[:, None], PENDING, new_slots)
+        blk = st["blk"] + advance
+        new_tags_all = jnp.where(advance[:, None], False, new_tags_all)
+
+        new = dict(it=it + 1, cache=cache, phys_tok=phys_tok, phys_pos=phys_pos, phase=next_phase, blk=blk,
+                   slots=new_slots, draft=new_draft, tags=new_tags_all, eos_flag=eos_flag, gen=gen, filled=filled,
+                   nfe=nfe, plans=st["plans"] + is_plan, presence=presence)
+        if debug:
+            tr = st["trace"]
+            new["trace"] = dict(logits=tr["logits"].at[it].set(logits), tokens=tr["tokens"].at[it].set(win_tok),
+                                positions=tr["positions"].at[it].set(positions),
+                                valid=tr["valid"].at[it].set(valid), phase=tr["phase"].at[it].set(phase),
+                                cache_len=tr["cache_len"].at[it].set(length))
+        return new
+
+    st = jax.lax.while_loop(cond, body, state)
+    idx = jnp.arange(g)[None, :]
+    generated = jnp.sum(st["filled"] & (idx < nb * bs), axis=1).astype(jnp.int32)
+    if stop:
+        hit = st["filled"] & (st["gen"] == eos)
+        generated = jnp.where(hit.any(1), jnp.argmax(hit, axis=1) + 1, generated)
+    out = jnp.where(idx < generated[:, None], st["gen"], pad)
+    result = dict(tokens=out, lengths=generated, num_forward_passes=st["nfe"], loop_passes=st["it"] + 1,
+                  physical_tokens=st["phys_tok"], physical_positions=st["phys_pos"], plans=st["plans"],
+                  num_blocks=jnp.int32(nb), block_size=jnp.int32(bs))
+    if debug:
+        result["trace"] = st["trace"]
+    return result
+
+
+def _b(cond: Array, like: Array) -> Array:
+    """Broadcasts a per-row bool [B] against an array [B, ...]."""
+    return cond.reshape(cond.shape + (1,) * (like.ndim - 1))

@@ -1,0 +1,285 @@
+"""Ψ-Spec lossless speculative sampling (SPEC §7): Uno's gated-LoRA drafter, or Zarya self-speculation.
+
+One cycle, per batch row, with the cache holding the committed text except its last token (the seed
+at logical position n−1):
+1. Draft pass against the cache.
+   - `drafter="lora"`: `[seed, z1 … z_{F−1}]` at positions n−1 … n+F−2, gate off on the seed row and on
+     for the noise rows (uniform random ids, or mask tokens if the adapter was trained so). Row 0 is
+     the exact AR distribution p0; row j ≥ 1 is the draft q_j for position n+j (next-token convention).
+   - `drafter="self"` (Zarya models, no LoRA): `[seed, mask × F]` at positions n−1 … n+F−1, one set of
+     weights. Row 0 gives p0 (AR convention, it sees only committed text); the mask row at n+j gives
+     q_j for its own position (MDM convention), j = 1 … F−1. The mask at n is context only (c0 is
+     drawn from p0).
+   c0 ~ p0, c_j ~ q_j. Only the seed row's K/V is committed (it is the AR K/V: gate off, causal).
+2. Verify pass with the AR weights over `[c0 … c_{F−1}]` at n … n+F−1: row j gives p_{j+1}.
+3. c0 is exact; c_j (j ≥ 1) is accepted left to right with probability min(1, p_j(c_j)/q_j(c_j)); at the
+   first rejection a correction ~ normalize(max(0, p_j − q_j)); if all pass, a bonus ~ p_F. Greedy
+   (temperature 0): accept iff c_j = argmax p_j; the correction/bonus is argmax p.
+4. Commit the verify pass's K/V of c0 … c_m; the correction/bonus is the next seed.
+So every cycle yields m+2 tokens for two forward passes, and the output distribution is the AR
+model's (the drafts only change how many tokens a cycle yields).
+
+Fixed shapes: every row runs every cycle; a row's acceptance m, its cache length and its output
+offset are per-row arrays; finished rows (EOS or budget) stop committing. The whole decode is one
+`lax.while_loop` inside one jit.
+
+Statistics: `accepted_per_cycle` (mean of 1+m, the number of the F drafted tokens c0 … c_{F−1} kept),
+`tokens_per_cycle` (mean of m+2), `tokens_per_forward` (generated tokens / decode forward passes,
+two per cycle), `acceptance_by_position` (per draft index j: P(c_j accepted | c_j examined); index 0
+is c0, always 1).
+"""
+from __future__ import annotations
+
+import functools
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import kv_cache, masks
+from .. import model as model_lib
+from ..config import ConfigError, LoraConfig, ModelConfig
+from ..drafter import noise_tokens
+from . import ar, primitives
+from .config import GenerationConfig
+
+Array = jax.Array
+
+
+# --------------------------------------------------------------------------- accept / residual
+def accept_drafts(p: Array, q: Array, drafts: Array, key: Array, *, greedy: bool) -> tuple[Array, Array]:
+    """Speculative acceptance for K drafts per row (SPEC §7 step 3).
+
+    p: [b, K+1, V] target probs at the K draft positions plus the bonus position; q: [b, K, V] draft
+    probs; drafts: int [b, K] (c_j ~ q_j).
+    Returns (m int [b] ∈ 0…K accepted prefix length, token int [b]: the correction at index m if m < K,
+    else the bonus from p[:, K]).
+    """
+    b, k = drafts.shape
+    ku, kr = jax.random.split(key)
+    if greedy:
+        ok = drafts == jnp.argmax(p[:, :k], axis=-1)
+    else:
+        pc = jnp.take_along_axis(p[:, :k], drafts[..., None], axis=-1)[..., 0]
+        qc = jnp.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]
+        # u < p/q written without the division: q(c) > 0 because c was drawn from q
+        ok = accept_uniform(ku, (b, k)) * qc < pc
+    m = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1)
+    p_m = jnp.take_along_axis(p, m[:, None, None], axis=1)[:, 0]
+    q_pad = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)  # q = 0 at the bonus row → residual = p_K
+    q_m = jnp.take_along_axis(q_pad, m[:, None, None], axis=1)[:, 0]
+    if greedy:
+        return m, jnp.argmax(p_m, axis=-1).astype(jnp.int32)
+    residual = jnp.maximum(p_m - q_m, 0.0)
+    # p = q to rounding leaves no residual mass; any rejection there has probability ~0, fall back to p
+    residual = jnp.where(residual.sum(-1, keepdims=True) > 0, residual, p_m)
+    return m, sample_from_probs(kr, residual)
+
+
+# --------------------------------------------------------------------------- distributions
+def accept_uniform(key: Array, shape) -> Array:
+    """Acceptance uniforms: float64 with x64, else float32. Unlike a Gumbel tail, the test u·q < p only
+    needs absolute precision, so float32's 2^-24 grid biases an acceptance by at most 6e-8."""
+    dtype = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
+    return jax.random.uniform(key, shape, dtype)
+
+
+def sample_from_probs(key: Array, probs: Array) -> Array:
+    """An exact categorical draw from normalize(probs) [..., V]: argmax(log probs + 53-bit Gumbel)."""
+    logp = jnp.where(probs > 0, jnp.log(jnp.where(probs > 0, probs, 1.0)), -jnp.inf)
+    return jnp.argmax(logp + primitives.gumbel(key, probs.shape), axis=-1).astype(jnp.int32)
+
+
+def _presence_rows(presence: Array | None, tokens: Array) -> Array | None:
+    """bool [b, t, V]: row i's repetition-penalty set = committed text plus tokens[:, :i+1]."""
+    if presence is None:
+        return None
+    seen = jnp.cumsum(jax.nn.one_hot(tokens, presence.shape[-1], dtype=jnp.int32), axis=1) > 0
+    return presence[:, None, :] | seen
+
+
+# --------------------------------------------------------------------------- the decode loop
+def draft_pass(params, lora_params, cache: dict, seed: Array, n: Array, key: Array, *, config: ModelConfig,
+               draft_length: int, drafter: str, lora: LoraConfig | None, noise: str = "uniform"):
+    """The draft pass of one cycle (SPEC §7 step 1) against `cache` (committed text minus the seed).
+
+    seed int [b] at logical position n−1 (n int [b]). Returns (logits fp32 [b, F, V]: row 0 the AR
+    logits for position n, row j the draft logits for position n+j; window K/V, whose row 0 is the
+    seed's AR K/V).
+    """
+    b, F = seed.shape[0], draft_length
+    if drafter == "self":
+        idx = jnp.arange(F + 1, dtype=jnp.int32)[None, :]
+        toks = jnp.where(idx == 0, seed[:, None], config.mask_token_id)
+        logits, kv = model_lib.apply(params, config, toks, (n - 1)[:, None] + idx, cache=cache)
+        # row 0: p0 (AR convention); the mask at n+j (window row j+1) drafts its own position (MDM
+        # convention); the mask at n is context only, as c0 comes from p0
+        return jnp.concatenate([logits[:, :1], logits[:, 2:]], axis=1), kv
+    idx = jnp.arange(F, dtype=jnp.int32)[None, :]
+    z = noise_tokens(key, (b, F), config.vocab_size, config.mask_token_id, noise)
+    toks = jnp.where(idx == 0, seed[:, None], z)
+    return model_lib.apply(params, config, toks, (n - 1)[:, None] + idx, cache=cache,
+                           gate=jnp.broadcast_to(idx > 0, (b, F)), lora_params=lora_params, lora=lora)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "gcfg", "lora", "noise"))
+def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array, max_cycles: Array, *,
+                config: ModelConfig, gcfg: GenerationConfig, lora: LoraConfig | None = None,
+                noise: str = "uniform") -> dict:
+    """Ψ-Spec decode (module doc). prompts int [b, P] right-padded, lengths int [b] ≥ 1; max_cycles
+    int32 scalar (traced: stopping early reuses the program; cycle k's randomness is fold_in(key, k)).
+
+    `gcfg` gives max_new_tokens G, draft_length F, drafter, temperature/top-k/top-p/repetition
+    penalty (applied identically to p and q, so the target is exactly the AR sampler's distribution),
+    EOS. Returns {'tokens' [b, G] (pad after the end), 'lengths' [b] (first EOS included),
+    'num_forward_passes' [b], 'loop_passes', 'row_cycles' [b], 'accepted_sum', 'accepted_at' [F],
+    'reached_at' [F], 'cache', 'seed' [b], 'positions' [b]}; `summarize` derives the statistics.
+    """
+    F, G = gcfg.draft_length, gcfg.max_new_tokens
+    drafter = gcfg.drafter
+    b, P = prompts.shape
+    greedy = gcfg.temperature == 0
+    eos, pad = ar.special_ids(config, gcfg)
+    stop = eos is not None and gcfg.stop_at_eos
+    prompts = prompts.astype(jnp.int32)
+    lengths = lengths.astype(jnp.int32)
+
+    def dist(logits, presence):  # the exact distribution the AR sampler draws from
+        return primitives.probs(logits, gcfg.temperature, gcfg.top_k, gcfg.top_p, gcfg.repetition_penalty,
+                                presence, config.mask_token_id)
+
+    def draw(k, logits, presence):  # one token per row of logits [b, t, V]
+        return primitives.sample(k, logits, gcfg.temperature, gcfg.top_k, gcfg.top_p, gcfg.repetition_penalty,
+                                 presence, config.mask_token_id)
+
+    # Prefill: the cache holds the prompt minus its last token, which becomes the first seed.
+    cache = kv_cache.init(config, b, P + G + F + 2)
+    ar_idx = jnp.arange(P)[None, :]
+    valid = ar_idx < (lengths - 1)[:, None]
+    _, kv = model_lib.apply(params, config, prompts, jnp.broadcast_to(ar_idx, (b, P)).astype(jnp.int32),
+                            window_mask=masks.causal_with_padding(valid), return_hidden=True)
+    cache = kv_cache.commit(cache, kv, valid)
+    seed = jnp.take_along_axis(prompts, (lengths - 1)[:, None], axis=1)[:, 0]
+
+    idx_d = jnp.arange(F + 1 if drafter == "self" else F, dtype=jnp.int32)[None, :]
+    idx_f = jnp.arange(F, dtype=jnp.int32)[None, :]
+    idx_o = jnp.arange(F + 1, dtype=jnp.int32)[None, :]
+
+    state = dict(cache=cache, seed=seed, n=lengths, out=jnp.full((b, G), pad, jnp.int32),
+                 g=jnp.zeros((b,), jnp.int32), done=jnp.zeros((b,), bool), cycle=jnp.int32(0),
+                 row_cycles=jnp.zeros((b,), jnp.int32), accepted_sum=jnp.int32(0),
+                 accepted_at=jnp.zeros((F,), jnp.int32), reached_at=jnp.zeros((F,), jnp.int32),
+                 presence=ar.initial_presence(prompts, lengths, config.vocab_size, gcfg))
+
+    def cond(s):
+        return jnp.any(~s["done"]) & (s["cycle"] < jnp.minimum(max_cycles, G))
+
+    def body(s):
+        kc = jax.random.fold_in(key, s["cycle"])
+        k_noise, k_draw, k_acc = jax.random.split(kc, 3)
+        active = ~s["done"]
+        c, n = s["cache"], s["n"]
+        logits_d, kv_d = draft_pass(params, lora_params, c, s["seed"], n, k_noise, config=config, draft_length=F,
+                                    drafter=drafter, lora=lora, noise=noise)
+        # p0 needs the committed text's penalty set; for q any rule is lossless (c_j ~ q_j is all that
+        # matters), so the draft rows reuse that set instead of building one per row.
+        pres_d = None if s["presence"] is None else s["presence"][:, None, :]
+        drafts = draw(k_draw, logits_d, pres_d)  # c0 ~ p0, c_j ~ q_j
+        q = dist(logits_d[:, 1:], pres_d)
+        c = kv_cache.commit(c, kv_d, (idx_d == 0) & active[:, None])  # the seed's AR K/V only
+
+        logits_v, kv_v = model_lib.apply(params, config, drafts, n[:, None] + idx_f, cache=c)
+        p = dist(logits_v, _presence_rows(s["presence"], drafts))  # p_1 … p_F
+        m, nxt = accept_drafts(p, q, drafts[:, 1:], k_acc, greedy=greedy)
+        c = kv_cache.commit(c, kv_v, (idx_f <= m[:, None]) & active[:, None])
+
+        # Emitted this cycle: c0 … c_m, then the correction/bonus (m+2 tokens); cut at EOS and budget.
+        ext = jnp.concatenate([drafts, jnp.zeros((b, 1), jnp.int32)], axis=1)
+        new = jnp.where(idx_o <= m[:, None], ext, nxt[:, None])
+        count = m + 2
+        if stop:
+            is_eos = (new == eos) & (idx_o < count[:, None])
+            hit = jnp.any(is_eos, axis=1)
+            count = jnp.where(hit, jnp.argmax(is_eos, axis=1) + 1, count)
+        else:
+            hit = jnp.zeros((b,), bool)
+        count = jnp.minimum(count, G - s["g"])
+        write = (idx_o < count[:, None]) & active[:, None]
+        where = jnp.where(write, s["g"][:, None] + idx_o, G)
+        out = jax.vmap(lambda o, w, v: o.at[w].set(v, mode="drop"))(s["out"], where, new)
+        g = s["g"] + jnp.where(active, count, 0)
+        done = s["done"] | (active & (hit | (g >= G)))
+
+        act = active.astype(jnp.int32)
+        reached = (idx_f <= jnp.minimum(m + 1, F - 1)[:, None]) & active[:, None]  # c0 … c_{m+1} examined
+        accepted = (idx_f <= m[:, None]) & active[:, None]
+        return dict(cache=c, seed=jnp.where(active, nxt, s["seed"]), n=jnp.where(active, n + m + 2, n), out=out,
+                    g=g, done=done, cycle=s["cycle"] + 1, row_cycles=s["row_cycles"] + act,
+                    accepted_sum=s["accepted_sum"] + jnp.sum((m + 1) * act),
+                    accepted_at=s["accepted_at"] + accepted.sum(0).astype(jnp.int32),
+                    reached_at=s["reached_at"] + reached.sum(0).astype(jnp.int32),
+                    presence=ar.add_presence(s["presence"], new, write))
+
+    s = jax.lax.while_loop(cond, body, state)
+    return {"tokens": s["out"], "lengths": s["g"], "num_forward_passes": 1 + 2 * s["row_cycles"],
+            "loop_passes": 1 + 2 * s["cycle"], "row_cycles": s["row_cycles"], "accepted_sum": s["accepted_sum"],
+            "accepted_at": s["accepted_at"], "reached_at": s["reached_at"], "cache": s["cache"],
+            "seed": s["seed"], "positions": s["n"]}
+
+
+def summarize(raw: dict) -> dict:
+    """Derived statistics (host floats) from `spec_decode`'s counters (see module doc)."""
+    row_cycles = max(int(np.sum(raw["row_cycles"])), 1)
+    generated = int(np.sum(raw["lengths"]))
+    reached = np.maximum(np.asarray(raw["reached_at"]), 1)
+    return {"cycles": int(np.max(raw["row_cycles"])), "loop_passes": int(raw["loop_passes"]),
+            "accepted_per_cycle": float(raw["accepted_sum"]) / row_cycles,
+            "tokens_per_cycle": generated / row_cycles,
+            "tokens_per_forward": generated / (2 * row_cycles),
+            "acceptance_by_position": (np.asarray(raw["accepted_at"]) / reached).tolist()}
+
+
+def check_spec_args(config: ModelConfig, draft_length: int, drafter: str, lora_params, lora) -> None:
+    """Validates the spec-mode knobs at the edge; raises ConfigError naming the bad value."""
+    if draft_length < 2:
+        raise ConfigError(f"draft_length={draft_length}: expected ≥ 2 (c0 plus at least one draft)")
+    if drafter not in ("lora", "self"):
+        raise ConfigError(f"drafter={drafter!r}: expected 'lora' or 'self'")
+    if drafter == "self" and config.mask_token_id is None:
+        raise ConfigError("drafter='self' needs a Zarya model with ModelConfig.mask_token_id set")
+    if drafter == "lora" and (lora_params is None or lora is None):
+        raise ConfigError("drafter='lora' needs the adapter: pass lora_params and its LoraConfig")
+
+
+def spec_generate(params, config: ModelConfig, prompts, gcfg: GenerationConfig, key: Array, *, lora_params=None,
+                  lora: LoraConfig | None = None, noise: str = "uniform"):
+    """`generate(..., GenerationConfig(mode="spec", draft_length=F, drafter="lora"|"self"))` (SPEC §7).
+
+    prompts: list of B token-id lists. `drafter="lora"` needs `lora_params` + `lora` (the adapter, see
+    `zarya_jax.lora`); `noise` must match the adapter's training ("uniform" or "mask"). Returns a
+    `GenerationOutput` whose `stats` add accepted_per_cycle, tokens_per_cycle, tokens_per_forward
+    and acceptance_by_position.
+    """
+    from .config import GenerationOutput
+    from .prompts import pad_prompts
+
+    gcfg.validate(config, prompts)
+    check_spec_args(config, gcfg.draft_length, gcfg.drafter, lora_params, lora)
+    if noise not in ("uniform", "mask"):
+        raise ConfigError(f"noise={noise!r}: expected 'uniform' or 'mask'")
+    if gcfg.drafter == "lora":
+        from .. import lora as lora_lib
+
+        lora_lib.check_lora(lora_params, config, lora)
+    _, pad = ar.special_ids(config, gcfg)
+    tokens, lengths = pad_prompts(prompts, gcfg.prompt_bucket, pad)
+    raw = spec_decode(params, lora_params if gcfg.drafter == "lora" else None, jnp.asarray(tokens),
+                      jnp.asarray(lengths), key, jnp.int32(gcfg.max_new_tokens), config=config, gcfg=gcfg,
+                      lora=lora if gcfg.drafter == "lora" else None, noise=noise)
+    raw = jax.device_get({k: v for k, v in raw.items() if k != "cache"})
+    out_lengths = np.asarray(raw["lengths"], np.int32)
+    nfe = np.asarray(raw["num_forward_passes"], np.int32)
+    tpf = (out_lengths / np.maximum(nfe, 1)).astype(np.float32)
+    stats = {"mode": "spec", "drafter": gcfg.drafter, "draft_length": gcfg.draft_length,
+             "mean_tokens_per_forward": float(tpf.mean()), "prompt_width": int(tokens.shape[1]), **summarize(raw)}
+    return GenerationOutput(tokens=np.asarray(raw["tokens"], np.int32), lengths=out_lengths,
+                            num_forward_passes=nfe, tokens_per_forward=tpf, stats=stats)

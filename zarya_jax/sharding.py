@@ -1,0 +1,232 @@
+"""Device mesh, logical-axis rules and the shardings of params, optimizer state and batches.
+
+One mesh with three named axes, `('data', 'fsdp', 'tensor')`:
+- `data`: pure data parallelism (params replicated, batch split);
+- `fsdp`: the batch is split *and* params/optimizer state are sharded along their `embed` dim
+  (ZeRO-3 style: XLA all-gathers a layer's weights before use and reduce-scatters its grads);
+- `tensor`: Megatron-style tensor parallelism over heads, MLP width and vocabulary.
+
+Every param dim carries a *logical* axis name (`PARAM_AXES`, matched on the param's path), and ONE
+table (`RULES`) maps logical names to mesh axes. Changing the parallelism layout means editing
+`RULES` or the mesh sizes, never the model. A dim whose size is not divisible by its mesh axes is
+left unsharded (replicated) rather than failing, so tiny test models run on any mesh.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from .config import ConfigError
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")  # the batch dim is split over both data-parallel axes
+
+# Logical axis -> mesh axes (None: replicated). The only place parallelism is decided.
+RULES: dict[str, Any] = {
+    "batch": BATCH_AXES,
+    "length": None,
+    "vocab": "tensor",
+    "embed": "fsdp",
+    "heads": "tensor",
+    "kv_heads": "tensor",
+    "head_dim": None,
+    "mlp": "tensor",
+    "layers": None,
+    "norm": None,
+    "lora_rank": None,
+    "lora_in": "fsdp",
+    "lora_out": None,
+}
+
+# Param path (joined with '/') -> logical axes of its dims. First full match wins.
+# Covers the model params (model.py) and the gated-LoRA adapter tree (lora.py).
+PARAM_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
+    (r"(.*/)?embed", ("vocab", "embed")),
+    (r"(.*/)?lm_head", ("embed", "vocab")),
+    (r"(.*/)?final_norm/scale", ("norm",)),
+    (r"(.*/)?layers/(input_norm|post_attn_norm|q_norm|k_norm)/scale", ("layers", "norm")),
+    (r"(.*/)?layers/q_proj/kernel", ("layers", "embed", "heads", "head_dim")),
+    (r"(.*/)?layers/(k_proj|v_proj)/kernel", ("layers", "embed", "kv_heads", "head_dim")),
+    (r"(.*/)?layers/o_proj/kernel", ("layers", "heads", "head_dim", "embed")),
+    (r"(.*/)?layers/(gate_proj|up_proj)/kernel", ("layers", "embed", "mlp")),
+    (r"(.*/)?layers/down_proj/kernel", ("layers", "mlp", "embed")),
+    (r"(.*/)?layers/\w+/a", ("layers", "lora_in", "lora_rank")),
+    (r"(.*/)?layers/\w+/b", ("layers", "lora_rank", "lora_out")),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Mesh sizes. -1 on one axis means "all remaining devices". `num_devices` -1 = all devices;
+    a smaller number builds the mesh on the first devices only (used to measure scaling)."""
+
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+    num_devices: int = -1
+
+    def __post_init__(self):
+        sizes = (self.data, self.fsdp, self.tensor)
+        if sum(s == -1 for s in sizes) > 1:
+            raise ConfigError(f"mesh={sizes} (data, fsdp, tensor): at most one axis may be -1")
+        for name, s in zip(MESH_AXES, sizes):
+            if s != -1 and s < 1:
+                raise ConfigError(f"mesh.{name}={s}: expected a positive size or -1 (fill)")
+        if self.num_devices != -1 and self.num_devices < 1:
+            raise ConfigError(f"mesh.num_devices={self.num_devices}: expected ≥ 1 or -1 (all)")
+
+
+def path_str(path) -> str:
+    """A pytree key path as 'a/b/c'."""
+    parts = []
+    for k in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(k, attr):
+                parts.append(str(getattr(k, attr)))
+                break
+        else:
+            parts.append(str(k))
+    return "/".join(parts)
+
+
+def resolve_mesh_shape(config: MeshConfig, num_devices: int) -> tuple[int, int, int]:
+    """(data, fsdp, tensor) sizes whose product is `num_devices`, filling the -1 axis."""
+    sizes = [config.data, config.fsdp, config.tensor]
+    known = int(np.prod([s for s in sizes if s != -1]))
+    if -1 in sizes:
+        if num_devices % known:
+            raise ConfigError(
+                f"mesh (data={config.data}, fsdp={config.fsdp}, tensor={config.tensor}): the fixed axes "
+                f"({known} devices) do not divide the {num_devices} available devices")
+        sizes[sizes.index(-1)] = num_devices // known
+    if int(np.prod(sizes)) != num_devices:
+        raise ConfigError(
+            f"mesh (data={sizes[0]}, fsdp={sizes[1]}, tensor={sizes[2]}) needs {int(np.prod(sizes))} "
+            f"devices but {num_devices} are used (set mesh.num_devices or make one axis -1)")
+    return tuple(sizes)
+
+
+def make_mesh(config: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A `Mesh` over ('data', 'fsdp', 'tensor'); tensor is the fastest-varying (intra-host) axis."""
+    devices = list(jax.devices() if devices is None else devices)
+    if config.num_devices != -1:
+        if config.num_devices > len(devices):
+            raise ConfigError(f"mesh.num_devices={config.num_devices} but only {len(devices)} devices exist")
+        devices = devices[: config.num_devices]
+    shape = resolve_mesh_shape(config, len(devices))
+    if config.num_devices == -1 and jax.process_count() == 1:
+        try:  # topology-aware device order on real accelerators
+            from jax.experimental import mesh_utils
+            arr = mesh_utils.create_device_mesh(shape, devices)
+        except Exception:  # noqa: BLE001 - e.g. CPU devices; plain order is fine there
+            arr = np.asarray(devices).reshape(shape)
+    else:
+        arr = np.asarray(devices).reshape(shape)
+    return Mesh(arr, MESH_AXES)
+
+
+def logical_axes(path: str, ndim: int) -> tuple[str | None, ...]:
+    """Logical axes of the param at `path` (e.g. 'layers/q_proj/kernel'); unknown params replicate."""
+    for pattern, axes in PARAM_AXES:
+        if re.fullmatch(pattern, path):
+            if len(axes) != ndim:
+                raise ConfigError(f"param {path!r} has {ndim} dims but its logical axes are {axes}")
+            return axes
+    return (None,) * ndim
+
+
+def _mesh_size(mesh: Mesh, axes) -> int:
+    if axes is None:
+        return 1
+    axes = (axes,) if isinstance(axes, str) else axes
+    return int(np.prod([mesh.shape[a] for a in axes]))
+
+
+def spec_for(shape: Sequence[int], axes: Sequence[str | None], mesh: Mesh,
+             rules: dict[str, Any] = RULES) -> P:
+    """PartitionSpec for an array of `shape` with logical `axes`; indivisible dims stay replicated,
+    and a mesh axis is used at most once per array."""
+    used: set[str] = set()
+    out = []
+    for size, name in zip(shape, axes):
+        mesh_axes = rules.get(name) if name is not None else None
+        flat = () if mesh_axes is None else ((mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes))
+        flat = tuple(a for a in flat if a not in used and mesh.shape[a] > 1)
+        if not flat or size % _mesh_size(mesh, flat):
+            out.append(None)
+            continue
+        used.update(flat)
+        out.append(flat[0] if len(flat) == 1 else flat)
+    return P(*out)
+
+
+def tree_shardings(tree, mesh: Mesh, rules: dict[str, Any] = RULES):
+    """NamedShardings for a params-like pytree (arrays or ShapeDtypeStructs), from `PARAM_AXES`."""
+    def one(path, leaf):
+        shape = np.shape(leaf)
+        return NamedSharding(mesh, spec_for(shape, logical_axes(path_str(path), len(shape)), mesh, rules))
+
+    return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def opt_state_shardings(optimizer, opt_state_shapes, params_shardings, mesh: Mesh):
+    """Optimizer state mirrors the params (Adam's mu/nu): same shardings; scalars (counts) replicate."""
+    import optax
+
+    return optax.tree_utils.tree_map_params(
+        optimizer, lambda _, s: s, opt_state_shapes, params_shardings,
+        transform_non_params=lambda _: replicated(mesh),
+        is_leaf=lambda x: isinstance(x, NamedSharding))
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """[B, L] arrays: batch over (data, fsdp), length replicated."""
+    return NamedSharding(mesh, P(BATCH_AXES, None))
+
+
+def data_parallel_size(mesh: Mesh) -> int:
+    return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def global_batch(local: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+    """Assembles each host's slice of the batch ([B/num_hosts, L] numpy) into global jax Arrays."""
+    sharding = batch_sharding(mesh)
+    out = {}
+    for name, x in local.items():
+        global_shape = (x.shape[0] * jax.process_count(),) + x.shape[1:]
+        out[name] = jax.make_array_from_process_local_data(sharding, x, global_shape)
+    return out
+
+
+_MULTIHOST_ENV = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS")
+
+
+def maybe_initialize_distributed(mode: str = "auto") -> bool:
+    """Calls `jax.distributed.initialize()` for multi-host runs; must run before any device use.
+
+    mode 'on' always initializes (arguments from the environment / cluster auto-detection, e.g.
+    TPU pods, SLURM, Open MPI); 'off' never; 'auto' when a coordinator address is in the environment
+    or SLURM / Open MPI report more than one task.
+    """
+    if mode not in ("auto", "on", "off"):
+        raise ConfigError(f"train.distributed={mode!r}: expected 'auto', 'on' or 'off'")
+    if mode == "off":
+        return False
+    if mode == "auto":
+        multi = any(os.environ.get(k) for k in _MULTIHOST_ENV)
+        multi |= int(os.environ.get("SLURM_NTASKS", "1")) > 1
+        multi |= int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1")) > 1
+        if not multi:
+            return False
+    jax.distributed.initialize()
+    return True

@@ -1,0 +1,132 @@
+"""Slotted training transform (SPEC §2, paper §4.1; after ReFusion's `forward_process`).
+
+Per example (prompt + answer, only the answer supervised):
+  * the answer is cut into consecutive slots of `slot_size` tokens (the last may be shorter);
+  * `p_mask = eps + (1 - eps)·u`, u ~ U(0, 1), per example; each slot is masked independently with
+    probability p_mask (Bernoulli per slot);
+  * clean slots keep their tokens; AR convention, targets next-token *within the slot* (the last token
+    of a clean slot has no target), weight 1;
+  * masked slots become all `mask_id`; MDM convention, target = the token itself, weight 1/p_tok where
+    p_tok = p_mask, or with `ordered_sampling`
+        p_tok(j) = p + min(p, 1 - p) · (2j + 1 - n) / n,   j = 0 … n-1 inside a slot of n tokens,
+    which rises linearly from left to right, keeps the slot mean exactly p and stays in (0, 1)
+    (its minimum is >= p/n), so the first tokens of a slot weigh most;
+  * physical layout per example `[prompt][clean slots][masked slots]`, then the row's padding;
+    `sequential_shuffle` orders the clean slots, `diffusion_shuffle` the masked slots, by random keys
+    (else in logical order); every token keeps its logical position (SPEC §0).
+Examples packed in one row stay in their own contiguous range, so the attention mask is the
+segment-causal mask over the physical order: causal, never across examples.
+
+All randomness comes from `draw_slot_noise(key, shape)`; `slotted_transform_from_draws` is a pure
+function of those draws (tests drive an independent NumPy reference with the same draws).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from . import masks
+from .batch import row_layout
+from .config import ConfigError, ZaryaConfig
+
+Array = jax.Array
+
+
+def draw_slot_noise(key: Array, shape: tuple[int, int]) -> dict[str, Array]:
+    """All random draws of the slotted transform for a batch of shape [B, L].
+
+    u_pmask  f32 [B, L]   per example (indexed by segment id - 1): p_mask = eps + (1 - eps)·u
+    u_slot   f32 [B, L]   per slot (indexed by the physical index of the slot's first token): masked iff u < p_mask
+    key_clean, key_masked  uint32 [B, L]  per slot: sort keys for sequential_/diffusion_shuffle
+    """
+    k1, k2, k3, k4 = jax.random.split(key, 4)
+    return {
+        "u_pmask": jax.random.uniform(k1, shape, jnp.float32),
+        "u_slot": jax.random.uniform(k2, shape, jnp.float32),
+        "key_clean": jax.random.bits(k3, shape, jnp.uint32),
+        "key_masked": jax.random.bits(k4, shape, jnp.uint32),
+    }
+
+
+def ordered_p(p: Array, j: Array, n: Array) -> Array:
+    """Per-token p_mask rising left to right inside a group of n tokens with mean p (SPEC §2.4)."""
+    n = jnp.maximum(n, 1).astype(jnp.float32)
+    return p + jnp.minimum(p, 1.0 - p) * (2.0 * j + 1.0 - n) / n
+
+
+def _slot_row(draws, tokens, segment_ids, positions, answer_mask, *, zc: ZaryaConfig, slot_size: int,
+              mask_id: int):
+    lay = row_layout(segment_ids, answer_mask)
+    idx, length = lay["idx"], tokens.shape[0]
+    a, n = lay["ans_index"], lay["ans_len"]
+    slot = a // slot_size
+    j = a % slot_size
+    slot_first = jnp.clip(lay["ans_start"] + slot * slot_size, 0, length - 1)
+    slot_len = jnp.minimum(slot_size, n - slot * slot_size)
+
+    p = zc.eps + (1.0 - zc.eps) * draws["u_pmask"][lay["example"]]
+    masked = answer_mask & (draws["u_slot"][slot_first] < p)
+    p_tok = ordered_p(p, j, slot_len) if zc.ordered_sampling else p
+    clean = answer_mask & ~masked
+
+    # AR targets stay inside the slot: the next physical token of the original row is the next
+    # logical token of the same slot whenever j < slot_len - 1.
+    has_ar = clean & (j < slot_len - 1)
+    next_tok = jnp.roll(tokens, -1)
+    targets = jnp.where(masked, tokens, jnp.where(has_ar, next_tok, 0)).astype(jnp.int32)
+    weights = jnp.where(masked, 1.0 / p_tok, jnp.where(has_ar, 1.0, 0.0)).astype(jnp.float32)
+    inputs = jnp.where(masked, mask_id, tokens).astype(jnp.int32)
+
+    group = jnp.where(answer_mask, jnp.where(masked, 2, 1), 0)
+    zero = jnp.zeros_like(draws["key_clean"])
+    k_clean = draws["key_clean"][slot_first] if zc.sequential_shuffle else zero
+    k_masked = draws["key_masked"][slot_first] if zc.diffusion_shuffle else zero
+    slot_key = jnp.where(group == 1, k_clean, jnp.where(group == 2, k_masked, zero))
+    # Lexicographic (example, prompt/clean/masked, slot key, index): a slot's tokens share their key, so
+    # each slot stays contiguous and in order; padding (sort_seg = L + 1) goes last.
+    perm = jax.lax.sort((lay["sort_seg"], group, slot_key, idx), num_keys=4)[3]
+
+    n_examples = jnp.sum((a == 0) & answer_mask & (n > 0))
+    out = {
+        "tokens": inputs, "positions": positions.astype(jnp.int32), "segment_ids": segment_ids.astype(jnp.int32),
+        "targets": targets, "weights": weights, "is_dif": masked, "answer": answer_mask, "masked": masked,
+        "ans_len": jnp.where(answer_mask, n, 0).astype(jnp.float32),
+        "p_mask": jnp.where(answer_mask, p_tok, 0.0).astype(jnp.float32),
+    }
+    out = {k: v[perm] for k, v in out.items()}
+    out["num_examples"] = n_examples.astype(jnp.int32)
+    out["primary"] = jnp.ones((), bool)
+    return out
+
+
+def slotted_transform_from_draws(draws: dict, batch: dict, zarya_config: ZaryaConfig, slot_size: int,
+                                 mask_id: int) -> dict[str, Array]:
+    """The slotted transform (SPEC §2) as a pure function of `draw_slot_noise`'s draws.
+
+    batch: tokens/segment_ids/positions [B, L] int, answer_mask [B, L] bool (see `batch.py`).
+    Returns, all in physical order:
+      tokens, positions, segment_ids int32 [B, L]; window_mask bool [B, L, L];
+      targets int32 [B, L]; weights f32 [B, L] (1 for AR targets, 1/p_tok for MDM targets, 0 = none);
+      is_dif bool [B, L] (MDM target); answer, masked bool [B, L]; ans_len f32 [B, L] (answer length of the
+      token's example); p_mask f32 [B, L]; num_examples int32 [B] (examples with a non-empty answer); primary bool [B] (all
+      True: every row counts for per-example statistics).
+    """
+    if not isinstance(slot_size, int) or slot_size < 1:
+        raise ConfigError(f"slot_size={slot_size!r}: expected a positive int (static under jit)")
+    if mask_id is None:
+        raise ConfigError("mask_id is None: the slotted transform needs the <mdm_mask> token id "
+                          "(ModelConfig.mask_token_id)")
+    row = jax.vmap(lambda d, t, s, p, m: _slot_row(d, t, s, p, m, zc=zarya_config, slot_size=slot_size,
+                                                   mask_id=int(mask_id)))
+    out = row(draws, batch["tokens"], batch["segment_ids"], batch["positions"],
+              jnp.asarray(batch["answer_mask"], bool))
+    out["window_mask"] = masks.segment_causal(out["segment_ids"])
+    return out
+
+
+def slotted_transform(key: Array, batch: dict, zarya_config: ZaryaConfig, slot_size: int,
+                      mask_id: int) -> dict[str, Array]:
+    """Slotted transform (SPEC §2): draws from `key`, then `slotted_transform_from_draws`.
+    Pure and deterministic in `key`; jit with `zarya_config`, `slot_size`, `mask_id` static."""
+    draws = draw_slot_noise(key, tuple(batch["tokens"].shape))
+    return slotted_transform_from_draws(draws, batch, zarya_config, slot_size, mask_id)

@@ -1,0 +1,231 @@
+"""Sharded training: the train state, the jitted train/eval steps, and the loop (`train`).
+
+The loop is objective-agnostic. An `Objective` supplies
+`loss_fn(trainable, frozen, batch, key, info) -> (loss, metrics)` and, per step, a hashable static
+value (`static_at(step, total_steps)`, Zarya's slot size, SPEC §2.1) that fixes shapes: one compile
+per distinct value. Only `trainable` gets gradients and optimizer state; `frozen` (e.g. the AR base
+under a LoRA drafter, SPEC §7) is passed through, sharded but never updated or checkpointed.
+
+Train state (a dict, all of it checkpointed): `step` int32, `params` (trainable, fp32 master
+weights), `opt_state` (fp32 Adam moments), `rng` (the run key's data), `bad_step` int32 (-1, or the
+first step whose loss or gradient was not finite). Per-step randomness is
+`fold_in(run_key, step)` (and `fold_in(·, micro)` per accumulation micro-batch), so a resumed run
+repeats bit for bit.
+
+The step: micro-batches scanned for gradient accumulation → clip → AdamW. A non-finite loss or grad
+norm leaves the state as it was (params, optimizer, step) and records `bad_step`; the loop then stops
+with `NonFiniteError`, so no broken state is ever checkpointed.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Hashable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from . import sharding as shd
+from .config import ModelConfig, ZaryaConfig
+from .optim import OptimConfig, make_optimizer, make_schedule, trainable_labels
+
+
+class NonFiniteError(FloatingPointError):
+    """The loss or gradient became NaN/Inf; the state was not updated and not checkpointed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StepInfo:
+    """What a loss function knows about the step: `step` (traced int32), the static value of this
+    compile (`static`, e.g. the slot size) and the run length."""
+
+    step: jax.Array
+    static: Any
+    total_steps: int
+
+
+def _no_static(step: int, total_steps: int) -> Hashable:
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    """A training objective. `loss_fn(trainable, frozen, batch, key, info: StepInfo) -> (loss, metrics)`
+    with scalar fp32 loss and a dict of scalar metrics; `forward_passes` (per example, for the MFU
+    estimate)."""
+
+    loss_fn: Callable[..., tuple[jax.Array, dict]]
+    static_at: Callable[[int, int], Hashable] = _no_static
+    forward_passes: float = 1.0
+    name: str = "custom"
+
+
+def zarya_objective(model_config: ModelConfig, zarya_config: ZaryaConfig) -> Objective:
+    """Zarya's hybrid loss (SPEC §2–§3); the slot size follows the curriculum (SPEC §2.1)."""
+    from . import curriculum, losses
+
+    def loss_fn(params, frozen, batch, key, info):
+        return losses.zarya_loss(params, model_config, zarya_config, batch, key, info.static)
+
+    if zarya_config.slotted_training:
+        def static_at(step, total):
+            return curriculum.slot_size_at(zarya_config, step, total)
+        return Objective(loss_fn, static_at, 1.0, "zarya-slotted")
+    # The non-slotted objective runs a sequential and a diffusion pass (SPEC §3.3).
+    return Objective(loss_fn, lambda step, total: 0, 2.0, "zarya-eso")
+
+
+# ------------------------------------------------------------------ state and shardings
+
+
+def init_state(params, optimizer, run_key: jax.Array) -> dict:
+    params = jax.tree.map(lambda x: x.astype(jnp.float32), params)  # fp32 master weights
+    return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": optimizer.init(params),
+            "rng": jax.random.key_data(run_key), "bad_step": jnp.full((), -1, jnp.int32)}
+
+
+def state_shardings(abstract_state: dict, optimizer, mesh) -> dict:
+    params_sh = shd.tree_shardings(abstract_state["params"], mesh)
+    rep = shd.replicated(mesh)
+    return {"step": rep, "params": params_sh,
+            "opt_state": shd.opt_state_shardings(optimizer, abstract_state["opt_state"], params_sh, mesh),
+            "rng": rep, "bad_step": rep}
+
+
+def _batch_specs(mesh, batch_keys) -> dict:
+    return {k: shd.batch_sharding(mesh) for k in batch_keys}
+
+
+# ------------------------------------------------------------------ steps
+
+
+def _where_tree(pred, a, b):
+    return jax.tree.map(lambda x, y: jnp.where(pred, x, y), a, b)
+
+
+def make_train_step(objective: Objective, optimizer, optim_config: OptimConfig, total_steps: int, mesh,
+                    trainable_mask=None):
+    """Returns step(state, frozen, batch, static) -> (state, metrics). Pure; jitted by `StepCache`.
+
+    Batch leaves are [B, …] with B divisible by grad_accum_steps × the data-parallel size.
+    `trainable_mask` (bool pytree like params) restricts the reported grad norm to trained leaves.
+    """
+    accum = optim_config.grad_accum_steps
+    schedule = make_schedule(optim_config, total_steps)
+    micro_sharding = NamedSharding(mesh, P(None, shd.BATCH_AXES))
+
+    def step(state, frozen, batch, static):
+        params = state["params"]
+        key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
+        info = StepInfo(step=state["step"], static=static, total_steps=total_steps)
+
+        def loss_of(p, mb, k):
+            loss, metrics = objective.loss_fn(p, frozen, mb, k, info)
+            return loss.astype(jnp.float32), metrics
+
+        grad_fn = jax.value_and_grad(loss_of, has_aux=True)
+        if accum == 1:
+            (loss, metrics), grads = grad_fn(params, batch, key)
+        else:
+            # Strided split (row r goes to micro-batch r % accum) keeps each micro-batch spread over
+            # every data-parallel device instead of living on a few of them.
+            micro = jax.tree.map(
+                lambda x: jax.lax.with_sharding_constraint(
+                    x.reshape((x.shape[0] // accum, accum) + x.shape[1:]).swapaxes(0, 1),
+                    NamedSharding(mesh, P(*micro_sharding.spec, *([None] * (x.ndim - 1))))),
+                batch)
+
+            def body(carry, xs):
+                g_sum, l_sum, m_sum = carry
+                mb, i = xs
+                (l, m), g = grad_fn(params, mb, jax.random.fold_in(key, i))
+                return (jax.tree.map(jnp.add, g_sum, g), l_sum + l,
+                        jax.tree.map(lambda a, b: a + b.astype(jnp.float32), m_sum, m)), None
+
+            (l0, m0), _ = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro), key)
+            zeros_m = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), m0)
+            zeros_g = jax.tree.map(jnp.zeros_like, params)
+            (g_sum, l_sum, m_sum), _ = jax.lax.scan(
+                body, (zeros_g, jnp.zeros((), jnp.float32), zeros_m), (micro, jnp.arange(accum)))
+            grads = jax.tree.map(lambda g: g / accum, g_sum)
+            loss = l_sum / accum
+            metrics = jax.tree.map(lambda m: m / accum, m_sum)
+        counted = grads if trainable_mask is None else jax.tree.map(
+            lambda g, t: g if t else jnp.zeros((), g.dtype), grads, trainable_mask)
+        grad_norm = optax.global_norm(counted)
+        updates, opt_state = optimizer.update(grads, state["opt_state"], params)
+        new_params = optax.apply_updates(params, updates)
+        ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & (state["bad_step"] < 0)
+        new_state = {
+            "step": jnp.where(ok, state["step"] + 1, state["step"]),
+            "params": _where_tree(ok, new_params, params),
+            "opt_state": _where_tree(ok, opt_state, state["opt_state"]),
+            "rng": state["rng"],
+            "bad_step": jnp.where(ok | (state["bad_step"] >= 0), state["bad_step"], state["step"]),
+        }
+        out = {"loss": loss, "grad_norm": grad_norm, "lr": schedule(state["step"]),
+               "bad_step": new_state["bad_step"], **{k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}}
+        return new_state, out
+
+    return step
+
+
+def make_eval_step(objective: Objective, total_steps: int):
+    """eval(params, frozen, batch, key, step, static) -> (loss, metrics); pure, jitted by the caller."""
+
+    def evaluate(params, frozen, batch, key, step, static):
+        info = StepInfo(step=step, static=static, total_steps=total_steps)
+        loss, metrics = objective.loss_fn(params, frozen, batch, key, info)
+        return loss.astype(jnp.float32), {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
+
+    return evaluate
+
+
+class StepCache:
+    """One jitted, sharded step per static value (slot size): in/out shardings, donated state."""
+
+    def __init__(self, step_fn, eval_fn, state_sh, frozen_sh, mesh, batch_keys):
+        self._step_fn, self._eval_fn = step_fn, eval_fn
+        self._state_sh, self._frozen_sh = state_sh, frozen_sh
+        self._batch_sh = _batch_specs(mesh, batch_keys)
+        self._rep = shd.replicated(mesh)
+        self._train, self._eval = {}, {}
+
+    def train(self, static):
+        if static not in self._train:
+            self._train[static] = jax.jit(
+                lambda state, frozen, batch: self._step_fn(state, frozen, batch, static),
+                in_shardings=(self._state_sh, self._frozen_sh, self._batch_sh),
+                out_shardings=(self._state_sh, self._rep), donate_argnums=(0,))
+        return self._train[static]
+
+    def eval(self, static):
+        if static not in self._eval:
+            self._eval[static] = jax.jit(
+                lambda params, frozen, batch, key, step: self._eval_fn(params, frozen, batch, key, step, static),
+                in_shardings=(self._state_sh["params"], self._frozen_sh, self._batch_sh, self._rep, self._rep),
+                out_shardings=self._rep)
+        return self._eval[static]
+
+
+def build_optimizer(optim_config: OptimConfig, total_steps: int, params):
+    optimizer = make_optimizer(optim_config, total_steps, params)
+    mask = None
+    if optim_config.freeze:
+        mask = jax.tree.map(lambda lab: lab == "train", trainable_labels(params, optim_config))
+    return optimizer, mask
+
+
+def host_fingerprint(batch: dict[str, np.ndarray]) -> int:
+    """crc32 of this host's batch tokens: a cheap record of the data order (logged as data_crc)."""
+    import zlib
+
+    return zlib.crc32(np.ascontiguousarray(batch["tokens"]).tobytes())
+
+
+from .train_loop import train  # noqa: E402  (the loop lives in its own module; re-exported here)
+
+__all__ = ["NonFiniteError", "Objective", "StepInfo", "zarya_objective", "train", "init_state",
+           "state_shardings", "make_train_step", "make_eval_step", "StepCache", "build_optimizer"]
