@@ -226,6 +226,8 @@ def main(argv=None) -> int:
             if e.name != module_name:
                 raise
             continue
+        if not (hasattr(module, "add_arguments") and hasattr(module, "run")):
+            raise SystemExit(f"{module_name} must define add_arguments(parser) and run(args) -> (results, markdown)")
         sp = sub.add_parser(name, help=(module.__doc__ or "").strip().splitlines()[0] if module.__doc__ else None)
         module.add_arguments(sp)
         runners[name] = module.run

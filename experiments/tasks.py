@@ -2,7 +2,7 @@
 
 Each record is `{"prompt": str, "answer": str}` — the same JSONL format as any user dataset — e.g.
 
-    prompt: "Ann has 7 pens. She buys 5 more. She gives away 3. How many pens now?\\n"
+    prompt: "Ann had 7 pens, got 5, gave away 3. How many now?\\n"
     answer: "7+5=12\\n12-3=9\\n#### 9"
 
 Generation is deterministic from a seed (Python's `random.Random`, stable across platforms). The
@@ -21,13 +21,14 @@ import random
 import sys
 import tempfile
 
-NAMES = (("Ann", "She"), ("Bob", "He"), ("Cal", "He"), ("Dee", "She"), ("Eve", "She"), ("Finn", "He"),
-         ("Gus", "He"), ("Hana", "She"), ("Ivy", "She"), ("Jon", "He"))
+# Prompts are kept short on purpose: with the byte tokenizer every character is a token, and the
+# prompt is unsupervised compute, so terse problems make CPU training several times cheaper.
+NAMES = ("Ann", "Bob", "Cal", "Dee", "Eve", "Finn", "Gus", "Hana", "Ivy", "Jon")
 ITEMS = ("pens", "apples", "cards", "coins", "books", "shells", "stamps", "marbles", "cups", "eggs")
-# Phrase templates per operation; `{n}` is the operand. The verb identifies the operation.
-ADD_PHRASES = ("{p} buys {n} more.", "{p} finds {n} more.", "{p} gets {n} more.")
-SUB_PHRASES = ("{p} gives away {n}.", "{p} loses {n}.", "{p} sells {n}.")
-MUL_PHRASES = ("{p} ends up with {n} times as many.",)
+# Clause templates per operation; `{n}` is the operand. The verb identifies the operation.
+ADD_PHRASES = ("bought {n}", "found {n}", "got {n}")
+SUB_PHRASES = ("gave away {n}", "lost {n}", "sold {n}")
+MUL_PHRASES = ("then had {n} times as many",)
 OP_SYMBOL = {"add": "+", "sub": "-", "mul": "*"}
 
 
@@ -74,10 +75,10 @@ def task_config(difficulty: int | TaskConfig) -> TaskConfig:
 
 def make_problem(rng: random.Random, cfg: TaskConfig) -> dict:
     """One problem: {"prompt", "answer"} with one worked line per step and a final `#### N` line."""
-    name, pronoun = rng.choice(NAMES)
+    name = rng.choice(NAMES)
     item = rng.choice(ITEMS)
     value = rng.randint(1, cfg.max_start)
-    sentences = [f"{name} has {value} {item}."]
+    clauses = [f"{name} had {value} {item}"]
     lines = []
     for _ in range(rng.randint(cfg.min_steps, cfg.max_steps)):
         op = rng.choice(cfg.ops)
@@ -95,11 +96,10 @@ def make_problem(rng: random.Random, cfg: TaskConfig) -> dict:
             n = rng.randint(1, cfg.max_operand)
             new = value + n
             phrase = rng.choice(ADD_PHRASES)
-        sentences.append(phrase.format(p=pronoun, n=n))
+        clauses.append(phrase.format(n=n))
         lines.append(f"{value}{OP_SYMBOL[op]}{n}={new}")
         value = new
-    sentences.append(f"How many {item} now?")
-    return {"prompt": " ".join(sentences) + "\n", "answer": "\n".join(lines) + f"\n#### {value}"}
+    return {"prompt": ", ".join(clauses) + ". How many now?\n", "answer": "\n".join(lines) + f"\n#### {value}"}
 
 
 def generate(num: int, seed: int = 0, difficulty: int | TaskConfig = 1, exclude: set[str] | None = None) -> list[dict]:

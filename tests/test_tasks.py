@@ -8,18 +8,17 @@ import pytest
 from experiments import answers, tasks
 
 # Independent reading of the prompt: the verb decides the operation.
-VERBS = {"buys": "+", "finds": "+", "gets": "+", "gives": "-", "loses": "-", "sells": "-", "ends": "*"}
+VERBS = {"bought": "+", "found": "+", "got": "+", "gave": "-", "lost": "-", "sold": "-", "then": "*"}
 
 
 def recompute(prompt: str) -> tuple[int, list[str]]:
-    """Parses 'X has N items. She buys K more. ...' and returns (final value, worked lines)."""
-    sentences = [s.strip() for s in prompt.strip().split(".") if s.strip()]
-    value = int(re.search(r"has (\d+) ", sentences[0]).group(1))
+    """Parses 'X had N items, got K, lost J. How many now?' and returns (final value, worked lines)."""
+    assert prompt.endswith(". How many now?\n")
+    clauses = [c.strip() for c in prompt[: -len(". How many now?\n")].split(",")]
+    value = int(re.fullmatch(r"[A-Z][a-z]+ had (\d+) [a-z]+", clauses[0]).group(1))
     lines = []
-    for s in sentences[1:]:
-        if s.startswith("How many"):
-            break
-        verb = s.split()[1]
+    for s in clauses[1:]:
+        verb = s.split()[0]
         n = int(re.search(r"(\d+)", s).group(1))
         op = VERBS[verb]
         new = value + n if op == "+" else value - n if op == "-" else value * n

@@ -89,46 +89,61 @@ def noise_tokens(key: Array, shape: tuple[int, ...], vocab_size: int, mask_token
     return z + (z >= mask_token_id)  # skip the mask id, keep the rest uniform
 
 
-def pair_mask(valid: Array, block_size) -> Array:
-    """bool [b, 2L, 2L] attention over `[noisy ; clean]` (see module doc). valid bool [b, L].
+def block_size_traced(step, total_steps: int, cfg: DrafterConfig):
+    """`block_size_at` for a traced step (int32 scalar): the curriculum without recompiles.
 
-    `block_size` may be a traced int: the curriculum changes the mask, not the shapes (one compile).
+    The borders are resolved on the host, exactly as `block_size_at`, into the last step of each size,
+    so float32 rounding of step / total cannot move a border.
     """
-    b, length = valid.shape
-    i = jnp.arange(length)[:, None]
-    k = jnp.arange(length)[None, :]
-    blk_i, blk_k = i // block_size, k // block_size
-    causal = k <= i
-    nn_ = causal & (blk_i == blk_k)
-    nc = k < blk_i * block_size
-    top = jnp.concatenate([nn_, nc], axis=1)
-    bottom = jnp.concatenate([jnp.zeros_like(causal), causal], axis=1)
-    m = jnp.concatenate([top, bottom], axis=0)[None]
-    v2 = jnp.concatenate([valid, valid], axis=1)
-    m = m & v2[:, None, :] & v2[:, :, None]
+    last = []
+    for size in cfg.block_sizes[:-1]:
+        steps = [s for s in range(total_steps + 1) if block_size_at(s, total_steps, cfg) == size]
+        last.append(max(steps) if steps else -1)
+    idx = jnp.sum(jnp.asarray(step, jnp.int32) > jnp.asarray(last, jnp.int32)) if last else 0
+    return jnp.asarray(cfg.block_sizes, jnp.int32)[idx]
+
+
+def pair_mask(segment_ids: Array, positions: Array, block_size) -> Array:
+    """bool [b, 2L, 2L] attention over `[noisy ; clean]` (module doc). segment_ids int [b, L] (0 =
+    padding, packed examples 1, 2, …), positions int [b, L] logical, restarting per example.
+
+    Blocks are cut on logical positions (`pos // S`), so packed examples each start a block.
+    `block_size` may be traced: the curriculum changes the mask, not the shapes (one compile).
+    """
+    b, length = segment_ids.shape
+    seg_q, seg_k = segment_ids[:, :, None], segment_ids[:, None, :]
+    same = (seg_q == seg_k) & (seg_k > 0)
+    causal = (jnp.arange(length)[:, None] >= jnp.arange(length)[None, :])[None]
+    blk = positions // block_size
+    nn_ = same & causal & (blk[:, :, None] == blk[:, None, :])
+    nc = same & (positions[:, None, :] < (blk * block_size)[:, :, None])
+    cc = same & causal
+    m = jnp.concatenate([jnp.concatenate([nn_, nc], axis=2),
+                         jnp.concatenate([jnp.zeros_like(cc), cc], axis=2)], axis=1)
     return m | jnp.eye(2 * length, dtype=bool)[None]  # padding rows see themselves: finite softmax
 
 
-def make_pair_batch(key: Array, tokens: Array, valid: Array, target_mask: Array, block_size,
-                    config: ModelConfig, cfg: DrafterConfig) -> dict:
-    """Builds the paired inputs. tokens int [b, L]; valid bool [b, L] (not padding); target_mask bool
-    [b, L]: row i is supervised on its next token x_{i+1} (e.g. answer tokens, i+1 < length).
+def make_pair_batch(key: Array, batch: dict, block_size, config: ModelConfig, cfg: DrafterConfig) -> dict:
+    """The paired inputs from a supervised batch (`zarya_jax.batch` layout: tokens, segment_ids,
+    positions, answer_mask, each [b, L]).
 
-    Returns {'tokens','positions','gate': [b, 2L], 'mask': [b, 2L, 2L], 'rows': bool [b, L]
-    (supervised noisy rows), 'targets': [b, L]}.
+    Returns {'tokens','positions','gate': [b, 2L], 'mask': [b, 2L, 2L], 'rows': bool [b, L] (noisy
+    rows supervised: not a seed, next token in the same example and an answer token), 'targets' [b, L]}.
     """
+    tokens = batch["tokens"].astype(jnp.int32)
+    seg = batch["segment_ids"].astype(jnp.int32)
+    pos = batch["positions"].astype(jnp.int32)
     b, length = tokens.shape
-    tokens = tokens.astype(jnp.int32)
-    pos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
+    valid = seg > 0
     seed = (pos % block_size) == 0
     z = noise_tokens(key, (b, length), config.vocab_size, config.mask_token_id, cfg.noise)
     noisy = jnp.where(seed, tokens, z)
     gate = jnp.concatenate([~seed & valid, jnp.zeros_like(valid)], axis=1)
-    targets = jnp.concatenate([tokens[:, 1:], jnp.zeros((b, 1), jnp.int32)], axis=1)
-    has_next = jnp.concatenate([valid[:, 1:], jnp.zeros((b, 1), bool)], axis=1)
+    shift = lambda x, fill: jnp.concatenate([x[:, 1:], jnp.full((b, 1), fill, x.dtype)], axis=1)
+    has_next = valid & (shift(seg, 0) == seg)
+    rows = ~seed & has_next & shift(batch["answer_mask"].astype(bool), False)
     return {"tokens": jnp.concatenate([noisy, tokens], axis=1), "positions": jnp.concatenate([pos, pos], axis=1),
-            "gate": gate, "mask": pair_mask(valid, block_size),
-            "rows": ~seed & valid & has_next & target_mask.astype(bool), "targets": targets}
+            "gate": gate, "mask": pair_mask(seg, pos, block_size), "rows": rows, "targets": shift(tokens, 0)}
 
 
 def _masked_log_softmax(logits: Array, mask_token_id: int | None) -> Array:
@@ -164,3 +179,18 @@ def drafter_loss(lora_params, params, config: ModelConfig, lora: LoraConfig, bat
     if cfg.kl_weight:
         loss = loss + cfg.kl_weight * kl
     return loss, {"tv": tv, "ce": ce, "kl": kl, "accept_proxy": 1.0 - 0.5 * tv, "rows": rows.sum()}
+
+
+def drafter_objective(config: ModelConfig, lora: LoraConfig, cfg: DrafterConfig):
+    """A `trainer.Objective`: trainable = the adapter, frozen = the AR base params; the block size
+    follows the curriculum from the traced step (one compile for the whole run)."""
+    from .trainer import Objective
+
+    def loss_fn(lora_params, base_params, batch, key, info):
+        s = block_size_traced(info.step, info.total_steps, cfg)
+        pair = make_pair_batch(key, batch, s, config, cfg)
+        loss, metrics = drafter_loss(lora_params, base_params, config, lora, pair, cfg)
+        return loss, {**metrics, "block_size": s.astype(jnp.float32)}
+
+    # one forward over 2L rows; the clean half is the AR model's own pass
+    return Objective(loss_fn, forward_passes=2.0, name="uno-drafter")

@@ -76,13 +76,16 @@ def entries(config: ModelConfig) -> list[Entry]:
     return table
 
 
-def hf_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every HF tensor name the config implies, with its shape."""
-    shapes = {}
+def tensors(config: ModelConfig):
+    """Yields (HF name, entry, layer index or None) for every HF tensor, in checkpoint order."""
     for e in entries(config):
         for layer in range(config.num_layers) if e.layered else [None]:
-            shapes[e.hf_name(layer)] = e.hf_shape
-    return shapes
+            yield e.hf_name(layer), e, layer
+
+
+def hf_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every HF tensor name the config implies, with its shape."""
+    return {name: e.hf_shape for name, e, _ in tensors(config)}
 
 
 def stacked_shape(entry: Entry, config: ModelConfig) -> tuple[int, ...]:
@@ -134,17 +137,18 @@ def set_path(tree: dict, path: tuple[str, ...], value) -> None:
     tree[path[-1]] = value
 
 
+def leaves(tree, prefix: tuple[str, ...] = ()):
+    """Yields (path, leaf) of a nested dict."""
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from leaves(value, prefix + (key,))
+        else:
+            yield prefix + (key,), value
+
+
 def check_params(params: dict, config: ModelConfig) -> None:
     """Asserts that `params` has exactly the leaves and shapes the config implies."""
     want = {e.path: stacked_shape(e, config) for e in entries(config)}
-
-    def leaves(tree, prefix=()):
-        for key, value in tree.items():
-            if isinstance(value, dict):
-                yield from leaves(value, prefix + (key,))
-            else:
-                yield prefix + (key,), value
-
     have = dict(leaves(params))
     missing = sorted("/".join(p) for p in set(want) - set(have))
     extra = sorted("/".join(p) for p in set(have) - set(want))

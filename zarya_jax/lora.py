@@ -12,6 +12,7 @@ be shipped and swapped without touching the base checkpoint.
 """
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
@@ -36,6 +37,7 @@ def projection_shapes(config: ModelConfig) -> dict[str, tuple[tuple[int, ...], t
             "down_proj": ((f,), (d,))}
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1))
 def init_lora(config: ModelConfig, lora: LoraConfig, key: jax.Array) -> dict:
     """A fresh adapter: `a ~ N(0, 1/fan_in)`, `b = 0` (so the drafter starts as the AR model).
 
@@ -85,8 +87,11 @@ def merge(params: dict, lora_params: dict, lora: LoraConfig) -> dict:
     return {**params, "layers": layers}
 
 
-def save(path: str | os.PathLike, lora_params: dict, lora: LoraConfig) -> Path:
-    """Writes `<path>/adapter.safetensors` (atomically: temp dir, then rename). Returns the file path."""
+def save(path: str | os.PathLike, lora_params: dict, lora: LoraConfig, extra: dict[str, str] | None = None) -> Path:
+    """Writes `<path>/adapter.safetensors` (atomically: temp dir, then rename). Returns the file path.
+
+    `extra`: more string metadata stored in the file (e.g. the drafter's noise type), see `metadata`.
+    """
     from safetensors.numpy import save_file
 
     path = Path(path)
@@ -100,7 +105,8 @@ def save(path: str | os.PathLike, lora_params: dict, lora: LoraConfig) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".lora_tmp_", dir=path.parent))
     try:
-        save_file(flat, str(tmp / ADAPTER_FILE), metadata={"rank": str(lora.rank), "alpha": repr(float(lora.alpha)),
+        save_file(flat, str(tmp / ADAPTER_FILE), metadata={**(extra or {}), "rank": str(lora.rank),
+                                                          "alpha": repr(float(lora.alpha)),
                                                           "format": "zarya_jax.lora/1"})
         if path.exists():
             shutil.rmtree(path)
@@ -130,3 +136,15 @@ def load(path: str | os.PathLike, dtype=None) -> tuple[dict, LoraConfig]:
             arr = jnp.asarray(f.get_tensor(key))
             params["layers"].setdefault(name, {})[part] = arr if dtype is None else arr.astype(dtype)
     return params, cfg
+
+
+def metadata(path: str | os.PathLike) -> dict[str, str]:
+    """The string metadata of a saved adapter (rank, alpha, format and any `extra` given to `save`)."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    file = path / ADAPTER_FILE if path.is_dir() else path
+    if not file.is_file():
+        raise FileNotFoundError(f"LoRA adapter {path}: expected a directory holding {ADAPTER_FILE} or that file")
+    with safe_open(str(file), framework="numpy") as f:
+        return dict(f.metadata() or {})

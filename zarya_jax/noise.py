@@ -193,5 +193,8 @@ def noise_transform_from_draws(draws: dict, batch: dict, zarya_config: ZaryaConf
 def noise_transform(key: Array, batch: dict, zarya_config: ZaryaConfig, mask_id: int) -> dict[str, Array]:
     """Non-slotted transform (SPEC §3): draws from `key`, then `noise_transform_from_draws`.
     Pure and deterministic in `key`; jit with `zarya_config` and `mask_id` static."""
+    if mask_id is None:
+        raise ConfigError("mask_id is None: the noise transform needs the <mdm_mask> token id "
+                          "(ModelConfig.mask_token_id)")
     draws = draw_token_noise(key, tuple(batch["tokens"].shape))
     return noise_transform_from_draws(draws, batch, zarya_config, mask_id)

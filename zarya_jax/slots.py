@@ -99,6 +99,14 @@ def _slot_row(draws, tokens, segment_ids, positions, answer_mask, *, zc: ZaryaCo
     return out
 
 
+def _check_args(slot_size, mask_id):
+    if not isinstance(slot_size, int) or isinstance(slot_size, bool) or slot_size < 1:
+        raise ConfigError(f"slot_size={slot_size!r}: expected a positive int (static under jit)")
+    if mask_id is None:
+        raise ConfigError("mask_id is None: the slotted transform needs the <mdm_mask> token id "
+                          "(ModelConfig.mask_token_id)")
+
+
 def slotted_transform_from_draws(draws: dict, batch: dict, zarya_config: ZaryaConfig, slot_size: int,
                                  mask_id: int) -> dict[str, Array]:
     """The slotted transform (SPEC §2) as a pure function of `draw_slot_noise`'s draws.
@@ -111,11 +119,7 @@ def slotted_transform_from_draws(draws: dict, batch: dict, zarya_config: ZaryaCo
       token's example); p_mask f32 [B, L]; num_examples int32 [B] (examples with a non-empty answer); primary bool [B] (all
       True: every row counts for per-example statistics).
     """
-    if not isinstance(slot_size, int) or slot_size < 1:
-        raise ConfigError(f"slot_size={slot_size!r}: expected a positive int (static under jit)")
-    if mask_id is None:
-        raise ConfigError("mask_id is None: the slotted transform needs the <mdm_mask> token id "
-                          "(ModelConfig.mask_token_id)")
+    _check_args(slot_size, mask_id)
     row = jax.vmap(lambda d, t, s, p, m: _slot_row(d, t, s, p, m, zc=zarya_config, slot_size=slot_size,
                                                    mask_id=int(mask_id)))
     out = row(draws, batch["tokens"], batch["segment_ids"], batch["positions"],
@@ -128,5 +132,6 @@ def slotted_transform(key: Array, batch: dict, zarya_config: ZaryaConfig, slot_s
                       mask_id: int) -> dict[str, Array]:
     """Slotted transform (SPEC §2): draws from `key`, then `slotted_transform_from_draws`.
     Pure and deterministic in `key`; jit with `zarya_config`, `slot_size`, `mask_id` static."""
+    _check_args(slot_size, mask_id)
     draws = draw_slot_noise(key, tuple(batch["tokens"].shape))
     return slotted_transform_from_draws(draws, batch, zarya_config, slot_size, mask_id)

@@ -143,12 +143,12 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
 
     # ---- inputs, all validated before any compute
     tokenizer = load_tokenizer(run.data.tokenizer)
-    init_config, loaded = None, None
+    init_config = None
     if run.train.init_from:
         from . import checkpoint as ckpt_lib
         if not os.path.exists(run.train.init_from):
             raise ConfigError(f"train.init_from={run.train.init_from!r} does not exist")
-        loaded, init_config = ckpt_lib.load(run.train.init_from)
+        init_config = ckpt_lib.load_config(run.train.init_from)
     model_cfg = resolve_model(run, tokenizer, init_config)
     if init_config is not None:
         changed = [f for f in _STRUCTURAL if getattr(run.model, f) != getattr(init_config, f)]
@@ -172,8 +172,9 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
     # ---- state: restore or initialise, straight onto the mesh
     total = run.train.steps
     init_key, run_key = jax.random.split(jax.random.PRNGKey(run.train.seed))
-    if init_params is None:
-        init_params = loaded if loaded is not None else (lambda k: model_lib.init_params(model_cfg, k))
+    from_checkpoint = init_params is None and init_config is not None
+    if init_params is None:  # a converted checkpoint has the structure of a fresh init of its config
+        init_params = lambda k: model_lib.init_params(model_cfg, k)  # noqa: E731
     init_fn = init_params if callable(init_params) else (lambda k: init_params)
     abstract_params = jax.eval_shape(init_fn, init_key)
     optimizer, trainable_mask = build_optimizer(run.optim, total, abstract_params)
@@ -191,6 +192,11 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
     if latest is not None:
         state, _ = ckpt.restore(latest, abstract_like(abstract_state, state_sh), train_iter)
         _log(f"resumed from {ckpt.directory}/{latest}")
+    elif from_checkpoint:
+        from . import checkpoint as ckpt_lib
+        loaded, _ = ckpt_lib.load(run.train.init_from, state_sh["params"])
+        state = jax.jit(lambda p: init_state(p, optimizer, run_key), out_shardings=state_sh)(loaded)
+        _log(f"initialised from {run.train.init_from}")
     else:
         if callable(init_params):
             state = jax.jit(lambda k: init_state(init_fn(k), optimizer, run_key), out_shardings=state_sh)(init_key)
@@ -328,7 +334,7 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
             and objective.name.startswith("zarya")):
         from . import checkpoint as ckpt_lib
         path = os.path.join(workdir, "final")
-        ckpt_lib.save(path, state["params"], model_cfg, run.zarya)
+        ckpt_lib.save(path, state["params"], model_cfg, run.zarya, overwrite=True, tokenizer=tokenizer)
         summary["final_params"] = os.path.abspath(path)
     if return_state:
         summary["state"] = state

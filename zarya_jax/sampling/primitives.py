@@ -76,35 +76,34 @@ def probs(logits: Array, temperature: float, top_k: int = 0, top_p: float = 1.0,
     return jax.nn.softmax(z, axis=-1)
 
 
-def _uniform53_bits(key: Array, shape) -> tuple[Array, Array]:
-    """(v, 1 − v) as float32, each with full relative precision, v uniform on a 2^53 grid in (0, 1).
+def gumbel_from_words(w0: Array, w1: Array) -> Array:
+    """Gumbel noise float32 from two uint32 words per draw (53 random bits: 21 of w0, 32 of w1).
 
-    v = (b + ½)/2^53 with b the 53 bits of two uint32 words (21 + 32). Both v and 1 − v are formed
-    from integers (1 − v from the bitwise complement), so neither loses precision near 0.
+    With b the 53 bits, v = (b + ½)/2^53 is uniform in (0, 1); v and 1 − v are both formed from
+    integers (1 − v from the bitwise complement of b), so neither loses precision near 0. Then
+    E = −log(1 − v) ~ Exp(1) is computed from whichever of v, 1 − v is below ½ (log1p for small v),
+    so E keeps its relative precision at both ends, and the sample is −log(E): the tail reaches
+    −log(2^−54) ≈ 37.4 instead of float32's ≈ 16.6.
     """
-    words = jax.random.bits(key, (2,) + tuple(shape), jnp.uint32)
-    hi = words[0] >> 11  # 21 bits
-    lo = words[1]        # 32 bits
-    scale_hi, scale_lo = 2.0 ** -21, 2.0 ** -53
+    hi = w0 >> 11
+    lo = w1
 
     def value(h, l):
-        return h.astype(jnp.float32) * scale_hi + (l.astype(jnp.float32) + 0.5) * scale_lo
+        return h.astype(jnp.float32) * (2.0 ** -21) + (l.astype(jnp.float32) + 0.5) * (2.0 ** -53)
 
     v = value(hi, lo)
-    u = value((~hi) & jnp.uint32((1 << 21) - 1), ~lo)
-    return v, u
+    u = value((~hi) & jnp.uint32((1 << 21) - 1), ~lo)  # = 1 − v exactly on the grid
+    e = jnp.where(v < 0.5, -jnp.log1p(-v), -jnp.log(u))
+    return -jnp.log(e)
 
 
 def gumbel(key: Array, shape) -> Array:
-    """Standard Gumbel noise, float32 values computed from a 53-bit uniform (see module doc)."""
+    """Standard Gumbel noise float32 [shape] from a 53-bit uniform (float64 when x64 is on)."""
     if jax.config.jax_enable_x64:
         u = jax.random.uniform(key, shape, jnp.float64, minval=jnp.finfo(jnp.float64).tiny, maxval=1.0)
         return (-jnp.log(-jnp.log(u))).astype(jnp.float32)
-    v, u = _uniform53_bits(key, shape)
-    # E = −log(U) ~ Exp(1), computed from whichever of U, 1−U is small, so E keeps its relative
-    # precision at both ends; the Gumbel sample is −log(E).
-    e = jnp.where(v < 0.5, -jnp.log1p(-v), -jnp.log(u))
-    return -jnp.log(e)
+    words = jax.random.bits(key, (2,) + tuple(shape), jnp.uint32)
+    return gumbel_from_words(words[0], words[1])
 
 
 def sample(key: Array, logits: Array, temperature: float, top_k: int = 0, top_p: float = 1.0,

@@ -1,0 +1,274 @@
+"""Hugging Face Qwen3 directory → zarya_jax checkpoint.
+
+    python -m conversion.hf_to_jax --hf-dir DIR --out CKPT [--add-mask-token] [--dtype bfloat16]
+                                   [--allow-pickle]
+
+Reads `config.json` and safetensors weights (single file or sharded with
+`model.safetensors.index.json`) without torch, tensor by tensor: each stacked param is preallocated
+once and filled layer by layer, and each safetensors file is opened only for one read so its mapped
+pages are released at once. Peak memory stays near one copy of the (output) weights.
+`--add-mask-token` appends the `<mdm_mask>` row (SPEC §1).
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import tempfile
+
+import numpy as np
+from safetensors import safe_open
+
+from zarya_jax import checkpoint, hf_params
+from zarya_jax.config import ModelConfig, from_hf_dict
+
+from . import ConversionError, copy_tokenizer_files, check_new_output, note, read_json, run_cli
+
+MASK_TOKEN = "<mdm_mask>"
+_PICKLE_FILES = ("pytorch_model.bin.index.json", "pytorch_model.bin")
+
+
+class SafetensorsSource:
+    """HF tensors by name from one or more safetensors files, read one at a time as numpy arrays."""
+
+    def __init__(self, hf_dir: str):
+        index = os.path.join(hf_dir, "model.safetensors.index.json")
+        if os.path.exists(index):
+            weight_map = read_json(index, "safetensors index").get("weight_map")
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise ConversionError(f"safetensors index {index!r} has no 'weight_map'")
+            files = sorted(set(weight_map.values()))
+        else:
+            files, weight_map = ["model.safetensors"], None
+        self.files: dict[str, str] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        for name in files:
+            path = os.path.join(hf_dir, name)
+            if not os.path.isfile(path):
+                raise ConversionError(f"weights file {path!r} not found")
+            with _open(path) as f:
+                for key in f.keys():
+                    self.files[key] = path
+                    self.shapes[key] = tuple(f.get_slice(key).get_shape())
+        if weight_map is not None:
+            for key, name in weight_map.items():
+                if self.files.get(key) != os.path.join(hf_dir, name):
+                    raise ConversionError(f"tensor {key!r} is listed in {index!r} but not found in {name!r}")
+
+    def get(self, name: str) -> np.ndarray:
+        # A fresh open per tensor: closing unmaps the file, so touched pages do not pile up in RSS.
+        with _open(self.files[name]) as f:
+            return f.get_tensor(name)
+
+
+def _open(path: str):
+    try:
+        return safe_open(path, framework="numpy")
+    except Exception as e:  # safetensors raises several types for truncated / non-safetensors files
+        raise ConversionError(f"cannot read safetensors file {path!r}: {e}") from e
+
+
+class PickleSource:
+    """`pytorch_model*.bin` files, loaded with `torch.load(weights_only=True)` (no arbitrary code)."""
+
+    def __init__(self, hf_dir: str):
+        import torch  # only this opt-in path needs torch
+
+        index = os.path.join(hf_dir, "pytorch_model.bin.index.json")
+        if os.path.exists(index):
+            names = sorted(set(read_json(index, "pytorch index").get("weight_map", {}).values()))
+        else:
+            names = ["pytorch_model.bin"]
+        self.tensors = {}
+        for name in names:
+            path = os.path.join(hf_dir, name)
+            try:
+                state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except Exception as e:  # pickle, zip and weights-only refusals all mean "unreadable"
+                raise ConversionError(f"cannot read pickled weights {path!r} (weights-only load): {e}") from e
+            self.tensors.update(state)
+        self.shapes = {k: tuple(v.shape) for k, v in self.tensors.items()}
+
+    def get(self, name: str) -> np.ndarray:
+        import torch
+
+        t = self.tensors[name].detach()
+        if t.dtype == torch.bfloat16:  # numpy has no bfloat16; reinterpret the bits as ml_dtypes'
+            return t.view(torch.int16).numpy().view(np.dtype("bfloat16"))
+        return t.numpy()
+
+
+def open_source(hf_dir: str, allow_pickle: bool):
+    if os.path.exists(os.path.join(hf_dir, "model.safetensors.index.json")) or os.path.exists(
+            os.path.join(hf_dir, "model.safetensors")):
+        return SafetensorsSource(hf_dir)
+    pickled = [n for n in _PICKLE_FILES if os.path.exists(os.path.join(hf_dir, n))]
+    if pickled:
+        if not allow_pickle:
+            raise ConversionError(
+                f"{hf_dir!r} has only pickled PyTorch weights ({pickled[0]}), which can run code when loaded; "
+                "pass --allow-pickle to load them with torch.load(weights_only=True)")
+        return PickleSource(hf_dir)
+    found = sorted(os.path.basename(p) for p in glob.glob(os.path.join(hf_dir, "*")))
+    raise ConversionError(f"no weights in {hf_dir!r}: expected model.safetensors or model.safetensors.index.json "
+                          f"(found {found[:8]})")
+
+
+def check_tensors(shapes: dict[str, tuple[int, ...]], config: ModelConfig) -> None:
+    """Every tensor the config implies is present with its shape, and nothing else is."""
+    want = hf_params.hf_shapes(config)
+    missing = [n for n in want if n not in shapes]
+    if missing:
+        raise ConversionError(f"{len(missing)} tensors missing from the checkpoint, e.g. {missing[:3]}")
+    # Tied checkpoints sometimes store the head anyway; old ones store RoPE buffers.
+    ignored = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    unexpected = [n for n in shapes if n not in want and n not in ignored and not n.endswith("rotary_emb.inv_freq")]
+    if unexpected:
+        raise ConversionError(f"{len(unexpected)} tensors that a Qwen3 model with this config.json does not have, "
+                              f"e.g. {unexpected[:3]}")
+    for name, shape in want.items():
+        if tuple(shapes[name]) != shape:
+            raise hf_params.ShapeError(
+                f"tensor {name!r} has shape {tuple(shapes[name])}, expected {shape} from config.json")
+
+
+def read_params(source, config: ModelConfig, extra_rows: int = 0) -> dict:
+    """The params pytree as numpy arrays in `config.param_dtype`.
+
+    extra_rows=1 appends the mask token's embedding row (and untied head column), set to the mean of
+    the existing ones (SPEC §1).
+    """
+    dtype = np.dtype(config.jnp_param_dtype)
+    v = config.vocab_size
+    params: dict = {}
+    for e in hf_params.entries(config):
+        shape = hf_params.stacked_shape(e, config)
+        if e.layered:
+            arr = np.empty(shape, dtype)
+            for i in range(config.num_layers):
+                hf_params.fill(e, source.get(e.hf_name(i)), arr[i], e.hf_name(i))
+        elif e.path == ("embed",):
+            arr = np.empty((v + extra_rows,) + shape[1:], dtype)
+            hf_params.fill(e, source.get(e.hf), arr[:v])
+            if extra_rows:
+                arr[v] = arr[:v].mean(axis=0, dtype=np.float64)
+        elif e.path == ("lm_head",):
+            arr = np.empty(shape[:1] + (v + extra_rows,), dtype)
+            hf_params.fill(e, source.get(e.hf), arr[:, :v])
+            if extra_rows:
+                arr[:, v] = arr[:, :v].mean(axis=1, dtype=np.float64)
+        else:
+            arr = np.empty(shape, dtype)
+            hf_params.fill(e, source.get(e.hf), arr)
+        hf_params.set_path(params, e.path, arr)
+    return params
+
+
+def tokenizer_mask_id(tok_dir: str) -> int | None:
+    """The id of `<mdm_mask>` in a tokenizer.json, if it has one."""
+    file = os.path.join(tok_dir, "tokenizer.json")
+    if not os.path.isfile(file):
+        return None
+    for token in read_json(file, "tokenizer").get("added_tokens", []):
+        if token.get("content") == MASK_TOKEN:
+            return int(token["id"])
+    return None
+
+
+def add_mask_to_tokenizer(tok_dir: str, mask_id: int) -> None:
+    """Registers `<mdm_mask>` as a special token with id `mask_id` (= the old vocab size).
+
+    The model's vocab is often larger than the tokenizer's (Qwen3: 151936 vs 151669), so appending
+    the token would give it the wrong id; putting it in the model vocab with an explicit id first
+    makes the tokenizers library keep that id.
+    """
+    spec = {"content": MASK_TOKEN, "single_word": False, "lstrip": False, "rstrip": False,
+            "normalized": False, "special": True}
+    file = os.path.join(tok_dir, "tokenizer.json")
+    if not os.path.isfile(file):
+        raise ConversionError(f"cannot add {MASK_TOKEN} to the tokenizer in {tok_dir!r}: it has no tokenizer.json")
+    tok = read_json(file, "tokenizer")
+    vocab = tok.get("model", {}).get("vocab")
+    if not isinstance(vocab, dict):
+        raise ConversionError(f"cannot add {MASK_TOKEN} to {file!r}: its model has no token → id vocab")
+    vocab[MASK_TOKEN] = mask_id
+    tok.setdefault("added_tokens", []).append({"id": mask_id, **spec})
+    with open(file, "w") as f:
+        json.dump(tok, f, ensure_ascii=False)
+    config_file = os.path.join(tok_dir, "tokenizer_config.json")
+    if os.path.isfile(config_file):
+        tok_config = read_json(config_file, "tokenizer config")
+        tok_config.setdefault("added_tokens_decoder", {})[str(mask_id)] = spec
+        with open(config_file, "w") as f:
+            json.dump(tok_config, f, indent=2, ensure_ascii=False)
+    from tokenizers import Tokenizer
+
+    got = Tokenizer.from_file(file).token_to_id(MASK_TOKEN)
+    if got != mask_id:
+        raise ConversionError(f"{MASK_TOKEN} got id {got} in the tokenizer, expected {mask_id}")
+
+
+def convert(hf_dir: str, out: str, *, add_mask_token: bool = False, dtype: str | None = None,
+            allow_pickle: bool = False) -> tuple[str, ModelConfig]:
+    """Converts an HF Qwen3 directory into a checkpoint at `out` (which must not exist)."""
+    if not os.path.isdir(hf_dir):
+        raise ConversionError(f"--hf-dir {hf_dir!r} is not a directory")
+    out = check_new_output(out)
+    hf = read_json(os.path.join(hf_dir, "config.json"), "model config")
+    try:
+        config, zarya = from_hf_dict(hf)
+    except (KeyError, TypeError) as e:
+        raise ConversionError(f"{os.path.join(hf_dir, 'config.json')!r} lacks or mistypes field {e}") from e
+    if dtype is not None:
+        config = config.replace(dtype=dtype, param_dtype=dtype)
+    source = open_source(hf_dir, allow_pickle)
+    check_tensors(source.shapes, config)
+
+    extra_rows = 0
+    if add_mask_token:
+        existing = tokenizer_mask_id(hf_dir)
+        if config.mask_token_id is not None:
+            note(f"config.json already has mask_token_id={config.mask_token_id}; no row added")
+        elif existing is not None and existing < config.vocab_size:
+            note(f"the tokenizer already has {MASK_TOKEN} at id {existing}; no row added")
+            config = config.replace(mask_token_id=existing)
+        else:
+            extra_rows = 1
+    old_vocab = config.vocab_size
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer = None
+        if copy_tokenizer_files(hf_dir, tmp):
+            tokenizer = tmp
+            if extra_rows:
+                add_mask_to_tokenizer(tmp, old_vocab)
+        params = read_params(source, config, extra_rows)
+        if extra_rows:
+            config = config.replace(vocab_size=old_vocab + 1, mask_token_id=old_vocab)
+        checkpoint.save(out, params, config, zarya, tokenizer=tokenizer)
+    return out, config
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m conversion.hf_to_jax", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hf-dir", required=True, help="Hugging Face Qwen3 model directory")
+    parser.add_argument("--out", required=True, help="checkpoint directory to create (must not exist)")
+    parser.add_argument("--add-mask-token", action="store_true",
+                        help="append a <mdm_mask> row (mean of the others) unless the model has a mask token")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                        help="param and compute dtype (default: the dtype in config.json)")
+    parser.add_argument("--allow-pickle", action="store_true",
+                        help="accept pytorch_model.bin files (loaded with torch.load(weights_only=True))")
+
+    def run(args_list):
+        args = parser.parse_args(args_list)
+        path, config = convert(args.hf_dir, args.out, add_mask_token=args.add_mask_token, dtype=args.dtype,
+                               allow_pickle=args.allow_pickle)
+        print(f"wrote {path}: {config.num_params():,} params, {config.param_dtype}, vocab {config.vocab_size}, "
+              f"mask_token_id {config.mask_token_id}")
+
+    return run_cli(run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,156 @@
+"""Train-step throughput: tokens/s and estimated MFU per model preset, and step time vs device count.
+
+    python -m experiments.bench train --presets tiny,100m --batch 8 --length 256 --steps 3
+    python -m experiments.bench_train --presets tiny --scaling 1,2,4,8      (standalone, prints JSON)
+
+The step is the real sharded train step of `zarya_jax.trainer` (Zarya slotted loss, AdamW, fp32
+master weights) on synthetic prompt/answer rows; compile time is reported apart. Device scaling runs
+in a subprocess with `--xla_force_host_platform_device_count` virtual CPU devices (on one CPU these
+share the same cores: expect flat or worse, it measures sharding overhead, not speed-up).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+
+def measure(preset_name: str, batch: int, length: int, steps: int, *, mesh=None, dtype: str | None = None,
+            slot_size: int = 8, seed: int = 0) -> dict:
+    """Times `steps` train steps (after one compile) of `preset_name`; returns a dict of numbers."""
+    import jax
+    import numpy as np
+
+    from zarya_jax import sharding as shd
+    from zarya_jax.config import ZaryaConfig, preset
+    from zarya_jax.metrics_log import peak_flops, train_flops_per_token
+    from zarya_jax.model import init_params
+    from zarya_jax.optim import OptimConfig
+    from zarya_jax.trainer import (StepCache, build_optimizer, init_state, make_eval_step, make_train_step,
+                                   state_shardings, zarya_objective)
+
+    cfg = preset(preset_name)
+    cfg = cfg.replace(mask_token_id=cfg.mask_token_id if cfg.mask_token_id is not None else cfg.vocab_size - 1,
+                      **({"dtype": dtype} if dtype else {}))
+    zc = ZaryaConfig(slot_size_set=(slot_size,), slot_step_borders=(1.0,))
+    oc = OptimConfig(lr=1e-4, warmup_steps=0)
+    mesh = shd.make_mesh(mesh or shd.MeshConfig())
+    objective = zarya_objective(cfg, zc)
+    key = jax.random.PRNGKey(seed)
+    abstract = jax.eval_shape(lambda k: init_params(cfg, k), key)
+    optimizer, mask = build_optimizer(oc, 1000, abstract)
+    abstract_state = jax.eval_shape(lambda k: init_state(init_params(cfg, k), optimizer, k), key)
+    sh = state_shardings(abstract_state, optimizer, mesh)
+    state = jax.jit(lambda k: init_state(init_params(cfg, k), optimizer, k), out_shardings=sh)(key)
+    steps_cache = StepCache(make_train_step(objective, optimizer, oc, 1000, mesh, mask), make_eval_step(objective, 1000),
+                            sh, None, mesh, ("tokens", "segment_ids", "positions", "answer_mask"))
+    rng = np.random.default_rng(seed)
+    prompt = length // 4
+    local = {"tokens": rng.integers(0, min(cfg.vocab_size, 256), (batch, length)).astype(np.int32),
+             "segment_ids": np.ones((batch, length), np.int32),
+             "positions": np.broadcast_to(np.arange(length, dtype=np.int32), (batch, length)).copy(),
+             "answer_mask": np.broadcast_to(np.arange(length) >= prompt, (batch, length)).copy()}
+    data = shd.global_batch(local, mesh)
+    fn = steps_cache.train(slot_size)
+    t0 = time.perf_counter()
+    state, m = fn(state, None, data)
+    jax.block_until_ready(m)
+    compile_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        state, m = fn(state, None, data)
+    jax.block_until_ready(m)
+    step_s = (time.perf_counter() - t0) / steps
+    tokens = batch * length
+    flops = train_flops_per_token(cfg, length, objective.forward_passes) * tokens
+    peak, note = peak_flops(mesh.devices.flatten().tolist())
+    return {"preset": preset_name, "params_m": cfg.num_params() / 1e6, "dtype": cfg.dtype, "batch": batch,
+            "length": length, "devices": int(mesh.devices.size), "mesh": dict(mesh.shape),
+            "compile_s": compile_s, "step_s": step_s, "tokens_per_s": tokens / step_s,
+            "model_tflops_per_s": flops / step_s / 1e12, "mfu": flops / step_s / peak, "peak_note": note,
+            "loss": float(m["loss"])}
+
+
+def scaling(preset_name: str, batch: int, length: int, steps: int, device_counts, mode: str = "data") -> list[dict]:
+    """Step time on 1…8 virtual CPU devices (data-parallel, fsdp or tensor mesh), in a subprocess."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={max(device_counts)}").strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    cmd = [sys.executable, "-m", "experiments.bench_train", "--worker", "--presets", preset_name, "--batch", str(batch),
+           "--length", str(length), "--steps", str(steps), "--scaling", ",".join(map(str, device_counts)),
+           "--mode", mode]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if out.returncode:
+        raise RuntimeError(f"scaling worker failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--presets", default="tiny,100m", help="comma-separated model presets")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--length", type=int, default=256)
+    p.add_argument("--steps", type=int, default=3, help="timed steps after the compile step")
+    p.add_argument("--dtype", default=None, help="compute dtype override (float32 / bfloat16)")
+    p.add_argument("--scaling", default="1,2,4,8", help="device counts for the scaling table ('' to skip)")
+    p.add_argument("--scaling-preset", default="tiny")
+    p.add_argument("--mode", default="data", choices=("data", "fsdp", "tensor"), help="mesh axis for scaling")
+
+
+def _check(args) -> None:
+    for name in ("batch", "length", "steps"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name}={getattr(args, name)}: expected a positive integer")
+
+
+def run(args) -> tuple[dict, str]:
+    """Entry point of `python -m experiments.bench train`."""
+    _check(args)
+    rows = [measure(p, args.batch, args.length, args.steps, dtype=args.dtype) for p in args.presets.split(",") if p]
+    counts = [int(c) for c in args.scaling.split(",") if c] if args.scaling else []
+    scale = scaling(args.scaling_preset, args.batch, args.length, args.steps, counts, args.mode) if counts else []
+    md = ["| preset | params (M) | dtype | batch×len | devices | compile s | step s | tokens/s | MFU (est.) |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        md.append(f"| {r['preset']} | {r['params_m']:.1f} | {r['dtype']} | {r['batch']}×{r['length']} | {r['devices']} | "
+                  f"{r['compile_s']:.1f} | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | {r['mfu']:.2%} |")
+    if rows:
+        md.append(f"\nMFU peak: {rows[0]['peak_note']}")
+    if scale:
+        md += ["", f"Scaling ({args.scaling_preset}, {args.mode} axis, {args.batch}×{args.length}):", "",
+               "| devices | step s | tokens/s | vs 1 device |", "|---|---|---|---|"]
+        base = scale[0]["step_s"]
+        for r in scale:
+            md.append(f"| {r['devices']} | {r['step_s']:.4f} | {r['tokens_per_s']:.0f} | {base / r['step_s']:.2f}× |")
+    return {"presets": rows, "scaling": scale}, "\n".join(md)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m experiments.bench_train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        from zarya_jax.sharding import MeshConfig
+        out = []
+        for n in [int(c) for c in args.scaling.split(",")]:
+            mesh = MeshConfig(**{"data": 1, "fsdp": 1, "tensor": 1, args.mode: n, "num_devices": n})
+            out.append(measure(args.presets, args.batch, args.length, args.steps, mesh=mesh, dtype=args.dtype))
+        print(json.dumps(out))
+        return 0
+    try:
+        results, md = run(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(md)
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""Cost of the Zarya training transforms (SPEC §2–§3) next to the model's forward + backward pass.
+
+Times three jitted functions on the same packed batch, side by side:
+  transform   the slotted or non-slotted transform alone (draws, masks, sort, window mask)
+  model       forward + backward of the loss on precomputed transform outputs
+  step        the full `value_and_grad(zarya_loss)` (transform + model + loss)
+
+    python -m experiments.bench_transforms --preset tiny --batch 8 --length 256
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import jax
+import numpy as np
+
+from zarya_jax import model as model_lib
+from zarya_jax.batch import make_batch_rows
+from zarya_jax.config import ConfigError, ZaryaConfig, preset
+from zarya_jax.losses import loss_from_logits, transform, zarya_loss
+
+MODES = {
+    "slotted": ZaryaConfig(ordered_sampling=True, sequential_shuffle=True, diffusion_shuffle=True),
+    "noise": ZaryaConfig(slotted_training=False, grouped_noise=True, noise_sorting=True, ordered_sampling=True,
+                         sequential_shuffle=True, diffusion_shuffle=True, antithetic_sampling=True),
+    "noise_bernoulli": ZaryaConfig(slotted_training=False),
+}
+
+
+def random_batch(rows: int, length: int, vocab: int, seed: int = 0) -> dict:
+    """A packed batch of random prompt/answer examples filling `rows` rows of `length` tokens."""
+    rng = np.random.default_rng(seed)
+    examples = []
+    for _ in range(rows * 8):
+        p = int(rng.integers(1, max(2, length // 8)))
+        a = int(rng.integers(1, max(2, length // 2)))
+        ids = rng.integers(0, min(vocab, 256), size=min(p + a, length))
+        examples.append((ids[:p].tolist(), ids[p:].tolist()))
+    batch, _ = make_batch_rows(examples, length, 0, rows, pack=True)
+    return batch
+
+
+def _time(fn, *args, iters: int) -> float:
+    jax.block_until_ready(fn(*args))  # compile + warm up
+    samples = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def bench(model_config, zarya_config: ZaryaConfig, batch: dict, slot_size: int, iters: int = 20) -> dict:
+    """Median seconds of transform, model fwd+bwd and full step; usable from other benchmarks."""
+    params = model_lib.init_params(model_config, jax.random.PRNGKey(0))
+    mask_id = model_config.mask_token_id
+    key = jax.random.PRNGKey(1)
+    batch = {k: jax.numpy.asarray(v) for k, v in batch.items()}
+
+    f_transform = jax.jit(lambda k, b: transform(k, b, zarya_config, slot_size, mask_id))
+    inputs = jax.block_until_ready(f_transform(key, batch))
+
+    def model_loss(p, inp):
+        logits, _ = model_lib.apply(p, model_config, inp["tokens"], inp["positions"], window_mask=inp["window_mask"])
+        return loss_from_logits(logits, inp, zarya_config, slot_size)
+
+    f_model = jax.jit(jax.value_and_grad(model_loss, has_aux=True))
+    f_step = jax.jit(jax.value_and_grad(zarya_loss, has_aux=True), static_argnums=(1, 2, 5))
+    t_transform = _time(f_transform, key, batch, iters=iters)
+    t_model = _time(f_model, params, inputs, iters=iters)
+    t_step = _time(f_step, params, model_config, zarya_config, batch, key, slot_size, iters=iters)
+    return {"transform_s": t_transform, "model_fwd_bwd_s": t_model, "step_s": t_step,
+            "transform_over_model": t_transform / t_model, "step_overhead": t_step / t_model - 1.0}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="tiny", help="model preset (zarya_jax.config.PRESETS)")
+    ap.add_argument("--batch", type=int, default=8, help="rows per batch")
+    ap.add_argument("--length", type=int, default=256, help="row length L")
+    ap.add_argument("--slot-size", type=int, default=8, help="slot size for the slotted mode")
+    ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {list(MODES)}")
+    ap.add_argument("--iters", type=int, default=20, help="timed iterations (median reported)")
+    ap.add_argument("--json", default=None, help="also write the results to this JSON file")
+    args = ap.parse_args(argv)
+    try:
+        config = preset(args.preset)
+        modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+        bad = [m for m in modes if m not in MODES]
+        if bad:
+            raise ConfigError(f"--modes: unknown {bad}; expected a subset of {list(MODES)}")
+        for name in ("batch", "length", "slot_size", "iters"):
+            if getattr(args, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')}={getattr(args, name)}: expected >= 1")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if config.mask_token_id is None:  # presets carry the base vocabulary: use its last id as the mask
+        config = config.replace(mask_token_id=config.vocab_size - 1)
+    batch = random_batch(args.batch, args.length, config.vocab_size)
+    print(f"device={jax.devices()[0].platform} preset={args.preset} batch={args.batch} length={args.length} "
+          f"answer tokens={int(batch['answer_mask'].sum())}")
+    print(f"{'mode':16s} {'transform ms':>13s} {'fwd+bwd ms':>11s} {'step ms':>9s} {'transform/fwd+bwd':>18s}")
+    results = {}
+    for mode in modes:
+        r = bench(config, MODES[mode], batch, args.slot_size, args.iters)
+        results[mode] = r
+        print(f"{mode:16s} {1e3 * r['transform_s']:13.2f} {1e3 * r['model_fwd_bwd_s']:11.2f} "
+              f"{1e3 * r['step_s']:9.2f} {100 * r['transform_over_model']:17.1f}%")
+    if args.json:
+        directory = os.path.dirname(os.path.abspath(args.json))
+        with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp") as f:
+            json.dump({"args": vars(args), "results": results}, f, indent=2)
+        os.replace(f.name, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

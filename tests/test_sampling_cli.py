@@ -1,0 +1,55 @@
+"""`python -m experiments.generate` on a real (tiny, random) Orbax checkpoint with the byte tokenizer."""
+import json
+import os
+
+import pytest
+
+from experiments import generate as cli
+from zarya_jax import checkpoint
+from zarya_jax.tokenizer import ByteTokenizer
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory, tiny_config, tiny_params):
+    path = str(tmp_path_factory.mktemp("gen") / "ckpt")
+    checkpoint.save(path, tiny_params, tiny_config, tokenizer=ByteTokenizer())
+    return path
+
+
+def test_generate_from_file_streams_rows(ckpt, tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["hi there", "abc", "zarya"]) + "\n")
+    out = tmp_path / "out" / "gen.jsonl"
+    rc = cli.main(["--ckpt", ckpt, "--prompts-file", str(prompts), "--mode", "ar", "--max-new-tokens", "5",
+                   "--batch-size", "2", "--prompt-bucket", "8", "--output", str(out)])
+    assert rc == 0
+    stdout = capsys.readouterr().out
+    for i, p in enumerate(["hi there", "abc", "zarya"]):
+        assert f"=== [{i}]" in stdout and p in stdout
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["index"] for r in records] == [0, 1, 2]
+    assert all(1 <= r["tokens"] <= 5 and r["forward_passes"] == r["tokens"] for r in records)
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--ckpt", "/nonexistent/ckpt", "--prompt", "x"], "is not a directory"),
+    (["--prompt", "x", "--max-new-tokens", "0"], "max_new_tokens=0"),
+    (["--prompt", "x", "--mode", "slotted", "--token-threshold", "2"], "token_threshold=2.0"),
+    (["--prompt", ""], "prompt 0 is empty"),
+    (["--prompts-file", "/nonexistent.txt"], "does not exist"),
+    (["--prompt", "x", "--batch-size", "0"], "--batch-size=0"),
+])
+def test_bad_input_exits_nonzero(ckpt, tmp_path, capsys, argv, match):
+    if "--ckpt" not in argv:
+        argv = ["--ckpt", ckpt] + argv
+    out = tmp_path / "never.jsonl"
+    assert cli.main(argv + ["--output", str(out)]) == 2
+    assert match in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_bad_mode_is_an_argparse_error(ckpt):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--ckpt", ckpt, "--prompt", "x", "--mode", "beam"])
+    assert e.value.code == 2
+    assert not os.path.exists("never")

@@ -1,0 +1,142 @@
+"""Mesh, logical-axis rules and sharded training on 8 virtual CPU devices.
+
+The equivalence test trains the same run on one device and on a (data=2, fsdp=2, tensor=2) mesh with
+gradient accumulation; losses and params must agree within float tolerance."""
+import json
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from zarya_jax import run_config as rc
+from zarya_jax import sharding as S
+from zarya_jax.config import ConfigError
+from zarya_jax.model import init_params
+
+
+def _norm(spec):
+    """PartitionSpec as a tuple without trailing Nones (P(None, None) == P())."""
+    t = tuple(spec)
+    while t and t[-1] is None:
+        t = t[:-1]
+    return t
+
+
+# Hand-written expectation for the tiny model (heads 4, kv heads 2, d 64, f 128, vocab 264).
+EXPECTED_222 = {
+    "embed": ("tensor", "fsdp"),
+    "final_norm/scale": (),
+    "layers/input_norm/scale": (),
+    "layers/q_norm/scale": (),
+    "layers/q_proj/kernel": (None, "fsdp", "tensor"),
+    "layers/k_proj/kernel": (None, "fsdp", "tensor"),
+    "layers/v_proj/kernel": (None, "fsdp", "tensor"),
+    "layers/o_proj/kernel": (None, "tensor", None, "fsdp"),
+    "layers/gate_proj/kernel": (None, "fsdp", "tensor"),
+    "layers/up_proj/kernel": (None, "fsdp", "tensor"),
+    "layers/down_proj/kernel": (None, "tensor", "fsdp"),
+}
+
+
+def test_param_specs_on_222_mesh(tiny_params):
+    assert jax.device_count() == 8
+    mesh = S.make_mesh(S.MeshConfig(data=2, fsdp=2, tensor=2))
+    shardings = S.tree_shardings(tiny_params, mesh)
+    flat = {S.path_str(p): s.spec for p, s in jax.tree_util.tree_flatten_with_path(shardings)[0]}
+    for path, want in EXPECTED_222.items():
+        assert _norm(flat[path]) == want, path
+
+
+def test_indivisible_dims_stay_replicated(tiny_params):
+    # tensor=4: 2 kv heads cannot be split 4 ways, 4 query heads can.
+    mesh = S.make_mesh(S.MeshConfig(data=1, fsdp=2, tensor=4))
+    sh = S.tree_shardings(tiny_params, mesh)
+    assert _norm(sh["layers"]["k_proj"]["kernel"].spec) == (None, "fsdp")
+    assert _norm(sh["layers"]["q_proj"]["kernel"].spec) == (None, "fsdp", "tensor")
+
+
+def test_lora_paths_and_batch_spec():
+    mesh = S.make_mesh(S.MeshConfig(data=2, fsdp=4, tensor=1))
+    lora = {"layers": {"q_proj": {"a": np.zeros((2, 64, 8)), "b": np.zeros((2, 8, 64))}}}
+    sh = S.tree_shardings(lora, mesh)
+    assert _norm(sh["layers"]["q_proj"]["a"].spec) == (None, "fsdp")
+    assert _norm(sh["layers"]["q_proj"]["b"].spec) == ()
+    assert S.batch_sharding(mesh).spec == P(("data", "fsdp"), None)
+    assert S.data_parallel_size(mesh) == 8
+
+
+def test_mesh_errors():
+    with pytest.raises(ConfigError, match="at most one axis"):
+        S.MeshConfig(data=-1, fsdp=-1)
+    with pytest.raises(ConfigError, match="needs 12 devices"):
+        S.make_mesh(S.MeshConfig(data=3, fsdp=2, tensor=2))
+    with pytest.raises(ConfigError, match="do not divide"):
+        S.make_mesh(S.MeshConfig(data=-1, fsdp=3))
+    assert dict(S.make_mesh(S.MeshConfig(data=-1, tensor=2)).shape) == {"data": 4, "fsdp": 1, "tensor": 2}
+    assert dict(S.make_mesh(S.MeshConfig(num_devices=1)).shape) == {"data": 1, "fsdp": 1, "tensor": 1}
+
+
+def test_global_batch_from_host_data():
+    mesh = S.make_mesh(S.MeshConfig(data=2, fsdp=2, tensor=2))
+    x = np.arange(8 * 3, dtype=np.int32).reshape(8, 3)
+    g = S.global_batch({"tokens": x}, mesh)["tokens"]
+    assert g.shape == (8, 3) and g.sharding.spec == P(("data", "fsdp"), None)
+    np.testing.assert_array_equal(np.asarray(g), x)
+
+
+def _write_data(path):
+    rng = np.random.default_rng(0)
+    with open(path, "w") as f:
+        for _ in range(32):
+            a, b = rng.integers(0, 50, 2)
+            f.write(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n")
+
+
+# Shared with test_train.py's resume test (same compiled step through the session's compile cache).
+# Adam's eps is large so that the update is a smooth function of the gradient: with eps=1e-8, leaves
+# whose gradient is near zero turn reduction-order noise into lr-sized differences.
+COMMON = {"data.max_length": 24, "data.batch_size": 8, "optim.grad_accum_steps": 2, "optim.lr": 1e-2,
+          "optim.eps": 1e-3, "optim.warmup_steps": 2, "optim.weight_decay": 0.1, "train.steps": 6,
+          "train.log_every": 1, "train.keep_best": 0, "train.export_final": False, "train.progress_bar": False,
+          "zarya.slot_size_set": [2], "zarya.slot_step_borders": [1.0]}
+
+
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory):
+    path = tmp_path_factory.getbasetemp() / "jax_compile_cache"
+    path.mkdir(exist_ok=True)
+    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+             "jax_persistent_cache_min_entry_size_bytes")
+    old = {k: getattr(jax.config, k) for k in names}
+    for k, v in zip(names, (str(path), 0.0, 0)):
+        jax.config.update(k, v)
+    yield str(path)
+    for k, v in old.items():
+        jax.config.update(k, v)
+
+
+def test_sharded_training_matches_one_device(tmp_path, compile_cache):
+    _write_data(tmp_path / "d.jsonl")
+    base = {**COMMON, "data.train": str(tmp_path / "d.jsonl"), "train.save_every": 0}
+    from zarya_jax.trainer import train
+
+    runs = {}
+    for name, mesh in {"one": {"mesh.num_devices": 1}, "dft": {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2}}.items():
+        cfg = rc.build({"model": "tiny"}, {**base, **mesh})
+        out = train(cfg, str(tmp_path / name), return_state=True)
+        losses = [r["loss"] for r in map(json.loads, open(tmp_path / name / "metrics.jsonl"))]
+        runs[name] = (losses, jax.device_get(out["state"]["params"]), out["state"])
+    (l1, p1, _), (l8, p8, s8) = runs["one"], runs["dft"]
+    assert len(l1) == 6
+    np.testing.assert_allclose(l8, l1, rtol=2e-5)
+    init = init_params(rc.build({"model": "tiny"}, base).model, jax.random.split(jax.random.PRNGKey(0))[0])
+    moved = max(float(np.max(np.abs(a - b))) for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(init)))
+    diffs = [float(np.max(np.abs(a - b))) for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p8))]
+    assert moved > 1e-2 and max(diffs) < 2e-5, (moved, diffs)
+    # The trained state really lives on the mesh as the rules say.
+    q = s8["params"]["layers"]["q_proj"]["kernel"]
+    assert _norm(q.sharding.spec) == (None, "fsdp", "tensor") and len(q.sharding.device_set) == 8
+    adam = [s for s in jax.tree.leaves(s8["opt_state"], is_leaf=lambda x: hasattr(x, "mu")) if hasattr(s, "mu")]
+    assert _norm(adam[0].mu["layers"]["q_proj"]["kernel"].sharding.spec) == (None, "fsdp", "tensor")
+    assert _norm(adam[0].nu["embed"].sharding.spec) == ("tensor", "fsdp")

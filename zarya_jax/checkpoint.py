@@ -1,0 +1,165 @@
+"""Model checkpoints: the params pytree on Orbax, the configs as JSON next to it.
+
+Layout of a checkpoint directory:
+
+    CKPT/params/       Orbax PyTree checkpoint (OCDBT) of the params pytree (see `model.py`)
+    CKPT/config.json   {"format": ..., "model": ModelConfig fields, "zarya": ZaryaConfig fields or null}
+    CKPT/tokenizer/    optional tokenizer files (`zarya_jax.tokenizer.load_tokenizer` reads them)
+
+Saving is atomic: everything is written into a hidden sibling directory that is renamed into place
+only when complete, so a crash never leaves a half-written checkpoint under the final name.
+Train state (optimizer, step, data iterator) is not stored here; this is the model only.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
+from orbax.checkpoint import type_handlers
+
+from . import hf_params
+from .config import ModelConfig, ZaryaConfig, model_config_from_dict, to_dict
+
+FORMAT = "zarya_jax.checkpoint/1"
+CONFIG_FILE = "config.json"
+PARAMS_DIR = "params"
+TOKENIZER_DIR = "tokenizer"
+# Small chunks and data files keep Orbax/TensorStore's write buffers near 100 MB
+# however large the model (one chunk per tensor would buffer a whole embedding at once).
+_CHUNK_BYTES = 4 << 20
+_DATA_FILE_BYTES = 16 << 20
+
+
+def _checkpointer() -> ocp.Checkpointer:
+    """A synchronous PyTree checkpointer that writes numpy leaves without a defensive copy.
+
+    The copy Orbax makes by default guards against callers mutating arrays during an async save;
+    this save is synchronous, so the copy would only double peak memory (converters save numpy trees).
+    """
+    registry = type_handlers.create_type_handler_registry(
+        (np.ndarray, type_handlers.NumpyHandler(deepcopy_host_arrays=False)),
+        (jax.Array, type_handlers.get_type_handler(jax.Array)),
+    )
+    return ocp.Checkpointer(ocp.PyTreeCheckpointHandler(type_handler_registry=registry))
+
+
+def _sync(name: str) -> None:
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)
+
+
+def save(path: str | os.PathLike, params: Any, config: ModelConfig, zarya_config: ZaryaConfig | None = None,
+         *, overwrite: bool = False, tokenizer: Any = None) -> str:
+    """Writes params (numpy or jax arrays, any sharding) and configs to `path`; returns the absolute path.
+
+    tokenizer: None, a directory whose files are copied, or an object with `.save(directory)`
+    (`zarya_jax.tokenizer.ByteTokenizer` / `HFTokenizer`). Raises FileExistsError if `path` exists
+    and `overwrite` is false. Every process of a multi-host run must call it.
+    """
+    path = os.path.abspath(os.fspath(path))
+    if os.path.exists(path) and not overwrite:
+        raise FileExistsError(f"checkpoint path {path!r} already exists (pass overwrite=True to replace it)")
+    hf_params.check_params(params, config)
+    if isinstance(tokenizer, (str, os.PathLike)) and not os.path.isdir(tokenizer):
+        raise FileNotFoundError(f"tokenizer directory {os.fspath(tokenizer)!r} does not exist")
+    parent, name = os.path.split(path)
+    # Deterministic names so that every host of a multi-host save agrees on them.
+    tmp = os.path.join(parent, f".{name}.tmp")
+    old = os.path.join(parent, f".{name}.old")
+    primary = jax.process_index() == 0
+    if primary:
+        os.makedirs(parent, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # leftovers of a crashed save
+        os.makedirs(tmp)
+    _sync("zarya_checkpoint_tmp")
+    try:
+        save_args = jax.tree.map(lambda _: ocp.SaveArgs(chunk_byte_size=_CHUNK_BYTES), params)
+        _checkpointer().save(os.path.join(tmp, PARAMS_DIR), args=ocp.args.PyTreeSave(
+            params, save_args=save_args, ocdbt_target_data_file_size=_DATA_FILE_BYTES))
+        if primary:
+            meta = {"format": FORMAT, "model": to_dict(config),
+                    "zarya": None if zarya_config is None else to_dict(zarya_config)}
+            with open(os.path.join(tmp, CONFIG_FILE), "w") as f:
+                json.dump(meta, f, indent=2, sort_keys=True)
+            if tokenizer is not None:
+                _write_tokenizer(tokenizer, os.path.join(tmp, TOKENIZER_DIR))
+            if os.path.exists(path):
+                shutil.rmtree(old, ignore_errors=True)
+                os.rename(path, old)
+            os.rename(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        _sync("zarya_checkpoint_done")
+    except BaseException:
+        if primary:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def _write_tokenizer(tokenizer: Any, directory: str) -> None:
+    if isinstance(tokenizer, (str, os.PathLike)):
+        shutil.copytree(tokenizer, directory)
+    else:
+        tokenizer.save(directory)
+
+
+def _read_meta(path: str) -> dict:
+    file = os.path.join(path, CONFIG_FILE)
+    if not os.path.isdir(os.path.join(path, PARAMS_DIR)) or not os.path.isfile(file):
+        raise FileNotFoundError(
+            f"{path!r} is not a zarya_jax checkpoint: expected {CONFIG_FILE} and {PARAMS_DIR}/ inside it")
+    try:
+        with open(file) as f:
+            meta = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read checkpoint config {file!r}: {e}") from e
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ValueError(f"{file!r}: expected format {FORMAT!r}, found {meta.get('format') if isinstance(meta, dict) else meta!r}")
+    return meta
+
+
+def load_config(path: str | os.PathLike) -> ModelConfig:
+    return model_config_from_dict(_read_meta(os.path.abspath(os.fspath(path)))["model"])
+
+
+def load_zarya_config(path: str | os.PathLike) -> ZaryaConfig | None:
+    """The Zarya hyperparameters stored with the checkpoint, or None if it has none."""
+    zarya = _read_meta(os.path.abspath(os.fspath(path)))["zarya"]
+    return None if zarya is None else ZaryaConfig(**zarya)
+
+
+def tokenizer_dir(path: str | os.PathLike) -> str | None:
+    """The checkpoint's tokenizer directory (for `load_tokenizer`), or None if it has none."""
+    directory = os.path.join(os.path.abspath(os.fspath(path)), TOKENIZER_DIR)
+    return directory if os.path.isdir(directory) else None
+
+
+def load(path: str | os.PathLike, shardings: Any = None) -> tuple[dict, ModelConfig]:
+    """Restores (params as jax arrays, ModelConfig).
+
+    shardings: None (first local device), one `jax.sharding.Sharding` for every leaf, or a pytree of
+    them shaped like the params; arrays are read straight into their shards.
+    """
+    path = os.path.abspath(os.fspath(path))
+    config = model_config_from_dict(_read_meta(path)["model"])
+    ckptr = _checkpointer()
+    params_dir = os.path.join(path, PARAMS_DIR)
+    stored = ckptr.metadata(params_dir).item_metadata.tree
+    hf_params.check_params(stored, config)
+    if shardings is None:
+        shardings = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    if isinstance(shardings, jax.sharding.Sharding):
+        shardings = jax.tree.map(lambda _: shardings, stored)
+    try:
+        target = jax.tree.map(lambda m, s: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=s), stored, shardings)
+    except ValueError as e:
+        raise ValueError(f"shardings do not match the params tree of {path!r}: {e}") from e
+    params = ckptr.restore(params_dir, args=ocp.args.PyTreeRestore(
+        item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target)))
+    return params, config
