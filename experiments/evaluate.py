@@ -243,15 +243,12 @@ def write_outputs(out_dir: str, summary: list[dict], predictions: list[dict], ex
 
 def load_tokenizer_for(ckpt: str, spec: str | None):
     """--tokenizer if given; else a tokenizer saved inside the checkpoint directory; else bytes."""
+    from zarya_jax.checkpoint import tokenizer_dir
     from zarya_jax.tokenizer import load_tokenizer
 
     if spec:
         return load_tokenizer(spec)
-    for sub in ("tokenizer", "."):
-        d = os.path.join(ckpt, sub)
-        if os.path.exists(os.path.join(d, "zarya_tokenizer.json")) or os.path.exists(os.path.join(d, "tokenizer.json")):
-            return load_tokenizer(d)
-    return load_tokenizer("byte")
+    return load_tokenizer(tokenizer_dir(ckpt) or "byte")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -209,7 +209,7 @@ def run_pipeline(config: dict, workdir: str, progress: bool = True) -> dict:
         train_summary = train_model(config, train_file, test_file, workdir)
         ckpt = train_summary["final_params"]
     params, model_config = checkpoint.load(ckpt)
-    tokenizer = load_tokenizer(config["data"]["tokenizer"])
+    tokenizer = load_tokenizer(checkpoint.tokenizer_dir(ckpt) or config["data"]["tokenizer"])
     records = tasks.read_jsonl(test_file)
     if config["eval"]["limit"]:
         records = records[: config["eval"]["limit"]]

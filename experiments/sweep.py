@@ -145,6 +145,7 @@ def run_sweep(spec: dict, workdir: str, run_fn=None, host_index: int = 0, num_ho
                  json.dumps({"spec": spec, "runs": [n for n, _ in runs]}, indent=2, default=str))
     status = {"done": [], "skipped": [], "failed": []}
     for name, overrides in my_share(runs, host_index, num_hosts):
+        overrides = {**overrides, **(extra_overrides or {})}
         run_dir = os.path.join(workdir, name)
         if os.path.exists(os.path.join(run_dir, DONE)):
             log(f"[sweep] {name}: finished earlier, skipped")
@@ -171,7 +172,10 @@ def run_sweep(spec: dict, workdir: str, run_fn=None, host_index: int = 0, num_ho
 
 def _flatten_metrics(metrics: dict) -> dict:
     """A run's metrics as flat columns: top-level scalars plus `<mode>/<metric>` per decoding mode."""
-    row = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool)) or v is None}
+    row = {k: v for k, v in metrics.items() if k != "checkpoint" and (isinstance(v, (int, float, str, bool)) or v is None)}
+    for k, v in (metrics.get("train") or {}).items():
+        if k in ("step", "loss", "wall_s", "tokens_per_s"):
+            row[f"train_{k}"] = v
     for r in metrics.get("modes", []):
         for k in ("accuracy", "tokens_per_forward", "tokens_per_s", "speedup_vs_ar"):
             row[f"{r['mode']}/{k}"] = r.get(k)
@@ -181,14 +185,15 @@ def _flatten_metrics(metrics: dict) -> dict:
 def collect(spec: dict, workdir: str) -> list[dict]:
     """One row per finished run, in sweep order: run name, its overrides, its flattened metrics."""
     rows = []
-    for name, overrides in expand(spec):
+    for name, _ in expand(spec):
         path = os.path.join(workdir, name, DONE)
         if not os.path.exists(path):
             continue
         with open(path) as f:
             record = json.load(f)
         row = {"run": name}
-        row.update({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in overrides.items()})
+        row.update({k: json.dumps(v) if isinstance(v, (list, dict)) else v
+                    for k, v in record.get("overrides", {}).items()})
         row.update(_flatten_metrics(record.get("metrics") or {}))
         rows.append(row)
     return rows

@@ -2,6 +2,7 @@
 must give the logits of transformers' PyTorch Qwen3 (the independent reference), SPEC §0–§1."""
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -15,6 +16,11 @@ FP32_TOL = 1e-4
 # bf16 keeps 8 mantissa bits (relative rounding 2^-9 ≈ 0.2%) for weights and activations; through two
 # layers and the head the logits stay within 4% of their own scale (max |logit|), ~10x the rounding.
 BF16_REL_TOL = 0.04
+
+
+# One compile per (config, shapes): eager Linen + nn.scan would re-trace the layer stack on every call.
+apply = jax.jit(model.apply, static_argnums=1)
+forward = jax.jit(model.forward, static_argnums=1)
 
 
 def make_hf_model(seed: int, *, vocab=96, hidden=32, inter=48, layers=2, heads=4, kv_heads=2, head_dim=8,
@@ -85,14 +91,16 @@ def test_logits_match_hf_with_padding(converted):
     assert config.tie_word_embeddings == m.config.tie_word_embeddings
     assert ("lm_head" in params) == (not config.tie_word_embeddings)
     tokens, valid, positions = padded_batch(config.vocab_size)
-    ours, _ = model.apply(params, config, jnp.asarray(tokens), jnp.asarray(positions),
-                          window_mask=masks.causal_with_padding(jnp.asarray(valid)))
+    ours, _ = apply(params, config, jnp.asarray(tokens), jnp.asarray(positions),
+                    window_mask=masks.causal_with_padding(jnp.asarray(valid)))
     ref = hf_logits(m, tokens, attention_mask=valid.astype(int), position_ids=positions)
     diff = np.abs(np.asarray(ours) - ref)[valid]
     assert diff.max() <= FP32_TOL, diff.max()
-    # Without a mask or positions the plain contract `forward` matches HF's default call.
-    plain = np.asarray(model.forward(params, config, tokens))
-    assert np.abs(plain - hf_logits(m, tokens)).max() <= FP32_TOL
+    # No padding: every row matches HF's default call (arange positions, plain causal mask).
+    arange = np.broadcast_to(np.arange(tokens.shape[1]), tokens.shape)
+    plain, _ = apply(params, config, jnp.asarray(tokens), jnp.asarray(arange),
+                     window_mask=masks.causal(*tokens.shape))
+    assert np.abs(np.asarray(plain) - hf_logits(m, tokens)).max() <= FP32_TOL
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +114,7 @@ def test_bf16_params_close_to_fp32(small_model, tmp_path_factory):
     assert all(x.dtype == jnp.bfloat16 for _, x in hf_params.leaves(params))
     tokens = np.random.default_rng(1).integers(0, config.vocab_size, (2, 12))
     ref = hf_logits(small_model, tokens)
-    ours = np.asarray(model.forward(params, config, tokens))
+    ours = np.asarray(forward(params, config, tokens))
     assert ours.dtype == np.float32
     scale = np.abs(ref).max()
     err = np.abs(ours - ref).max()
@@ -127,19 +135,24 @@ def test_physical_permutation_with_positions(small_model, tmp_path_factory):
     p_tokens, p_positions = tokens[:, perm], positions[:, perm]
 
     def run(tok, pos, mask):
-        logits, _ = model.apply(params, config, jnp.asarray(tok), jnp.asarray(pos), window_mask=jnp.asarray(mask))
+        logits, _ = apply(params, config, jnp.asarray(tok), jnp.asarray(pos), window_mask=jnp.asarray(mask))
         return np.asarray(logits)[0]
 
     causal = np.tril(np.ones((n, n), bool))[None]
-    base, permuted = run(tokens, positions, causal), run(p_tokens, p_positions, causal)
-    # Later tokens see the whole prefix either way: same rows.
-    np.testing.assert_allclose(permuted[n_prefix:], base[n_prefix:], atol=1e-5, rtol=0)
-    # Prefix rows see different sets under a causal mask, so they must differ (the test is not vacuous).
-    assert np.abs(permuted[:n_prefix] - base[perm[:n_prefix]]).max() > 1e-2
-    # The permuted run itself is what HF computes for these tokens and positions.
+    base = run(tokens, positions, causal)
+    # Physical-causal mask on the permuted order: what HF computes for these tokens and positions.
+    permuted = run(p_tokens, p_positions, causal)
     ref = hf_logits(small_model, p_tokens, position_ids=p_positions)[0]
     assert np.abs(permuted - ref).max() <= FP32_TOL
-    # A bidirectional prefix block sees the same set from every prefix token: all rows agree.
+    # Prefix tokens then see other sets than in the plain run, so rows change (the test is not vacuous).
+    assert np.abs(permuted[:n_prefix] - base[perm[:n_prefix]]).max() > 1e-2
+    # Logical-causal mask written in physical order (key position ≤ query position): every token sees
+    # the same set as in the plain run, so every row, in particular each later token's, is unchanged.
+    logical = (p_positions[:, None, :] <= p_positions[:, :, None])
+    permuted = run(p_tokens, p_positions, logical)
+    np.testing.assert_allclose(permuted[n_prefix:], base[n_prefix:], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(permuted, base[perm], atol=1e-5, rtol=0)
+    # Same with a bidirectional prefix block, a mask that is invariant under the permutation.
     bidir = causal.copy()
     bidir[:, :n_prefix, :n_prefix] = True
     base, permuted = run(tokens, positions, bidir), run(p_tokens, p_positions, bidir)

@@ -141,6 +141,8 @@ def case(ci, seed):
     draws = np_draws(draw_token_noise(jax.random.PRNGKey(seed), (B, L)))
     # every grouped pattern occurs in every row
     draws["u_pattern"] = ((np.arange(B)[:, None] + np.arange(L)[None]) % 4 + 0.5).astype(np.float32) / 4
+    draws["u_tok"][0:2] = 0.0  # Bernoulli configs: every answer token masked in rows 0-1 ...
+    draws["u_tok"][2:4] = 1.0  # ... and none in rows 2-3
     out = jax.tree.map(np.asarray, _jit_from_draws(draws, batch, zc, MASK))
     return batch, draws, out
 
@@ -163,6 +165,9 @@ def test_matches_numpy_reference(ci):
         assert not out["num_examples"][0::2].any() and out["primary"][1::2].all() and not out["primary"][0::2].any()
         if zc.grouped_noise:
             assert set(out["pattern"][out["answer"]].tolist()) == {0, 1, 2, 3}
+        else:
+            np.testing.assert_array_equal(out["masked"][0:4], out["answer"][0:4])
+            assert not out["masked"][4:8].any()
 
 
 def test_grouped_patterns_shapes():

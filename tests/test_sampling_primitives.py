@@ -41,7 +41,8 @@ def test_gumbel_max_matches_softmax():
     """≥ 1e5 draws on V=6 at T=0.7: chi-square and total variation against softmax(logits/T)."""
     logits = jnp.asarray([1.0, -0.5, 2.0, 0.0, -3.0, 0.7])
     t, n = 0.7, 100_000
-    draws = jax.jit(lambda k: primitives.sample(k, jnp.broadcast_to(logits, (n, 6)), t))(jax.random.PRNGKey(3))
+    # logits are an argument, not a closure constant, so XLA does not constant-fold the [n, V] work
+    draws = jax.jit(lambda k, x: primitives.sample(k, x, t))(jax.random.PRNGKey(3), jnp.broadcast_to(logits, (n, 6)))
     counts = np.bincount(np.asarray(draws), minlength=6)
     p = np.exp(np.asarray(logits, np.float64) / t)
     p /= p.sum()
@@ -100,9 +101,9 @@ def test_filtered_sampling_distribution():
     presence = np.array([[False, True, False, False, True, False, False, False]])
     n = 100_000
     args = (1.1, 6, 0.85, 1.4)
-    draws = jax.jit(lambda k: primitives.sample(
-        k, jnp.broadcast_to(jnp.asarray(logits, jnp.float32), (n, 8)), *args,
-        presence=jnp.broadcast_to(jnp.asarray(presence), (n, 8)), exclude_id=3))(jax.random.PRNGKey(5))
+    draws = jax.jit(lambda k, x, pr: primitives.sample(k, x, *args, presence=pr, exclude_id=3))(
+        jax.random.PRNGKey(5), jnp.broadcast_to(jnp.asarray(logits, jnp.float32), (n, 8)),
+        jnp.broadcast_to(jnp.asarray(presence), (n, 8)))
     ref = np_process(logits, *args, presence, 3)[0]
     p = np.exp(ref - ref.max())
     p /= p.sum()

@@ -126,12 +126,12 @@ def test_routing_by_slotted_generation():
 
 
 def test_parallel_infill_equals_per_slot_recompute(tiny_config, tiny_params):
-    """τs = 0 and τt = 0.9: several slots are infilled in one pass with the slot-local mask; each slot's
+    """τs = 0 and τt = 0.99: several slots are infilled in one pass with the slot-local mask; each slot's
     logits equal a full forward over the committed text plus that slot alone. Checked up to the end of
     each row's first infill (afterwards the cache holds slot-local K/V, ReFusion's approximation, which
     no single causal recompute reproduces)."""
     gc = GenerationConfig(mode="slotted", max_new_tokens=G, slot_size=S, serial_num_blocks=NB, slot_threshold=0.0,
-                          token_threshold=0.9, temperature=1.0, stop_at_eos=False, prompt_bucket=8)
+                          token_threshold=0.99, temperature=1.0, stop_at_eos=False, prompt_bucket=8)
     out = generate(tiny_params, tiny_config, PROMPTS, gc, jax.random.PRNGKey(6), debug=True)
     st = out.stats
     tr = st["trace"]
@@ -141,12 +141,15 @@ def test_parallel_infill_equals_per_slot_recompute(tiny_config, tiny_params):
     last = {}
     for b in range(len(PROMPTS)):
         idx = np.flatnonzero(local[:, b])
-        assert idx.size, "infill was not exercised"
+        if not idx.size:  # no infill in this row: every commit was causal, check every pass
+            last[b] = len(local)
+            continue
         end = idx[0]
         while end + 1 < len(local) and local[end + 1, b]:
             end += 1
         last[b] = end
-    multi = [b for b in last if len(np.unique(slot_ids[np.asarray(tr["valid"][last[b], b])])) > 1]
+    multi = [b for b in last if last[b] < len(local)
+             and len(np.unique(slot_ids[np.asarray(tr["valid"][last[b], b])])) > 1]
     assert multi, "no first infill covered several slots"
 
     def groups_of(n, b):

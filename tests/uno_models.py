@@ -19,7 +19,7 @@ from zarya_jax.config import LoraConfig, ModelConfig
 CFG = ModelConfig(vocab_size=264, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
                   head_dim=16, max_position_embeddings=512, mask_token_id=259, eos_token_id=258, pad_token_id=256,
                   tie_word_embeddings=False)
-LORA = LoraConfig(rank=8, alpha=16.0)
+LORA = LoraConfig(rank=8, alpha=64.0)
 DCFG = drafter_lib.DrafterConfig(block_sizes=(2, 4, 6, 8))
 
 

@@ -61,11 +61,12 @@ def last_steps(zarya_config: ZaryaConfig, total_steps: int) -> list[int]:
 
 
 def slot_size_at_traced(zarya_config: ZaryaConfig, step, total_steps: int):
-    """Same as `slot_size_at` for a traced int step (total_steps static). The result is an array, so it
-    cannot set shapes; use it for logging or a `lax.switch` over the static sizes."""
+    """Same as `slot_size_at` for a traced int step, or an array of steps (total_steps static). The result
+    is an array, so it cannot set shapes; use it for logging or a `lax.switch` over the static sizes."""
     ends = jnp.asarray(last_steps(zarya_config, total_steps)[:-1], jnp.int32)
     sizes = jnp.asarray(zarya_config.slot_size_set, jnp.int32)
-    return sizes[jnp.sum(jnp.asarray(step, jnp.int32) > ends)]
+    step = jnp.asarray(step, jnp.int32)
+    return sizes[jnp.sum(step[..., None] > ends, axis=-1)]
 
 
 def schedule(zarya_config: ZaryaConfig, total_steps: int) -> list[tuple[int, int]]:

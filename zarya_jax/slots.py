@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from . import masks
 from .batch import row_layout
@@ -100,7 +101,7 @@ def _slot_row(draws, tokens, segment_ids, positions, answer_mask, *, zc: ZaryaCo
 
 
 def _check_args(slot_size, mask_id):
-    if not isinstance(slot_size, int) or isinstance(slot_size, bool) or slot_size < 1:
+    if not isinstance(slot_size, (int, np.integer)) or isinstance(slot_size, bool) or slot_size < 1:
         raise ConfigError(f"slot_size={slot_size!r}: expected a positive int (static under jit)")
     if mask_id is None:
         raise ConfigError("mask_id is None: the slotted transform needs the <mdm_mask> token id "
@@ -120,7 +121,7 @@ def slotted_transform_from_draws(draws: dict, batch: dict, zarya_config: ZaryaCo
       True: every row counts for per-example statistics).
     """
     _check_args(slot_size, mask_id)
-    row = jax.vmap(lambda d, t, s, p, m: _slot_row(d, t, s, p, m, zc=zarya_config, slot_size=slot_size,
+    row = jax.vmap(lambda d, t, s, p, m: _slot_row(d, t, s, p, m, zc=zarya_config, slot_size=int(slot_size),
                                                    mask_id=int(mask_id)))
     out = row(draws, batch["tokens"], batch["segment_ids"], batch["positions"],
               jnp.asarray(batch["answer_mask"], bool))

@@ -139,7 +139,6 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
     """
     _maybe_distributed(run.train.distributed)
     os.makedirs(workdir, exist_ok=True)
-    check_workdir(run, workdir, force)
 
     # ---- inputs, all validated before any compute
     tokenizer = load_tokenizer(run.data.tokenizer)
@@ -155,6 +154,7 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
         if changed:
             _log(f"note: model structure taken from {run.train.init_from} ({', '.join(changed)} differ from the config)")
     run = run.replace(model=model_cfg)
+    check_workdir(run, workdir, force)
     splits = data_lib.load_splits(run.data, tokenizer)
     _log(f"data: {splits.stats}")
     mesh = shd.make_mesh(run.mesh)
@@ -284,7 +284,18 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
     pending = None
     step = start
     try:
+        saved = start
         for step in range(start, total):
+            if flag.signum is not None:  # preempted between steps: save what is done, stop
+                if pending is not None:
+                    finish(pending)
+                    pending = None
+                if saved != step:
+                    ckpt.save(step, state, train_iter, {"step": step, "loss": last_metrics.get("loss")})
+                summary["status"] = "interrupted"
+                summary["signal"] = int(flag.signum)
+                _log(f"signal {flag.signum}: saved checkpoint {step}, stopping")
+                break
             local = next(train_iter)
             crc = host_fingerprint(local)
             real = int((local["segment_ids"] > 0).sum()) * jax.process_count()
@@ -297,24 +308,19 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
             do_eval = bool(eval_batches) and ((run.train.eval_every and step_no % run.train.eval_every == 0)
                                               or step_no == total)
             do_save = (run.train.save_every and step_no % run.train.save_every == 0) or step_no == total
-            stop = flag.signum is not None
-            if do_eval or do_save or stop:
+            if do_eval or do_save:
                 finish(pending)
                 pending = None
             if do_eval:
                 run_eval(step_no)
-            if do_save or stop:
+            if do_save:
                 ckpt.save(step_no, state, train_iter, {"step": step_no, "loss": last_metrics.get("loss")},
                           last_eval.get(step_no))
+                saved = step_no
             if step_no in last_eval and (run.train.log_every == 0 or step_no % run.train.log_every):
                 log.write(step_no, {"eval_loss": last_eval[step_no]})
             for cb in callbacks:
-                cb({"step": step_no, "saved": bool(do_save or stop), "data_crc": crc, "metrics": dict(last_metrics)})
-            if stop:
-                summary["status"] = "interrupted"
-                summary["signal"] = int(flag.signum)
-                _log(f"signal {flag.signum}: saved checkpoint {step_no}, stopping")
-                break
+                cb({"step": step_no, "saved": bool(do_save), "data_crc": crc, "metrics": dict(last_metrics)})
         if pending is not None:
             finish(pending)
     finally:

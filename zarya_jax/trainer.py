@@ -154,7 +154,7 @@ def make_train_step(objective: Objective, optimizer, optim_config: OptimConfig, 
             metrics = jax.tree.map(lambda m: m / accum, m_sum)
         counted = grads if trainable_mask is None else jax.tree.map(
             lambda g, t: g if t else jnp.zeros((), g.dtype), grads, trainable_mask)
-        grad_norm = optax.global_norm(counted)
+        grad_norm = optax.tree.norm(counted)
         updates, opt_state = optimizer.update(grads, state["opt_state"], params)
         new_params = optax.apply_updates(params, updates)
         ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & (state["bad_step"] < 0)

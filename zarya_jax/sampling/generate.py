@@ -38,8 +38,8 @@ def generate(params, config, prompts, generation_config: GenerationConfig, key, 
     """Generates continuations of `prompts` (list of B token-id lists) → `GenerationOutput`.
 
     Routes by `generation_config.resolved_mode`: "ar" (SPEC §4), "mdm" (mode A, §5), "slotted"
-    (mode B, §6), "spec" (§7, `zarya_jax.sampling.spec.spec_generate`, which also receives
-    `lora_params`/`lora`). `use_cache=False` runs the AR baseline without a KV cache (mode "ar" only);
+    (mode B, §6), "spec" (§7, `zarya_jax.sampling.spec.spec_generate`; `lora_params`/`lora`, the
+    drafter adapter, are used by this mode only: the other modes run the base weights). `use_cache=False` runs the AR baseline without a KV cache (mode "ar" only);
     `debug=True` adds per-pass logits to `stats["trace"]` (modes ar/mdm/slotted). Raises ValueError on
     bad input before anything is compiled.
     """

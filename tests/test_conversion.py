@@ -1,0 +1,262 @@
+"""Converters both ways on real (tiny, random) Hugging Face Qwen3 directories: bit-identical round
+trips, sharded safetensors, the mask token (SPEC §1), transformers loading the export, bad input."""
+import copy
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import safetensors.numpy
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen3ForCausalLM
+
+from conversion import hf_to_jax, jax_to_hf
+from test_model_parity import convert, hf_logits, make_hf_model
+from zarya_jax import checkpoint, hf_params
+from zarya_jax.config import ZaryaConfig, from_hf_dict
+from zarya_jax.tokenizer import HFTokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+VOCAB, TOKENIZER_VOCAB = 96, 80  # like Qwen3, the model's vocab is larger than the tokenizer's
+
+
+def make_tokenizer(directory) -> None:
+    """A word-level tokenizer w0…w77, <unk>, <eos> (ids 0–79)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"w{i}": i for i in range(TOKENIZER_VOCAB - 2)}
+    vocab.update({"<unk>": TOKENIZER_VOCAB - 2, "<eos>": TOKENIZER_VOCAB - 1})
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>").save_pretrained(directory)
+
+
+def st_tensors(directory) -> dict[str, np.ndarray]:
+    """Every tensor of every safetensors file in a directory, read by the safetensors library."""
+    out = {}
+    for file in sorted(glob.glob(os.path.join(directory, "*.safetensors"))):
+        out.update(safetensors.numpy.load_file(file))
+    return out
+
+
+def assert_same_bits(a: dict, b: dict) -> None:
+    assert sorted(a) == sorted(b)
+    for name in a:
+        assert a[name].dtype == b[name].dtype and a[name].shape == b[name].shape, name
+        assert a[name].tobytes() == b[name].tobytes(), name
+
+
+def export(ckpt, out, *flags) -> str:
+    assert jax_to_hf.main(["--ckpt", str(ckpt), "--out", str(out), *flags]) == 0
+    return str(out)
+
+
+def loaded(path) -> dict:
+    params, _ = checkpoint.load(path)
+    return {"/".join(p): np.asarray(v) for p, v in hf_params.leaves(params)}
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("conversion")
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    return make_hf_model(11, vocab=VOCAB, tie=False, head_dim=10)
+
+
+@pytest.fixture(scope="module")
+def hf_dir(hf_model, work):
+    directory = work / "hf"
+    hf_model.save_pretrained(directory)
+    make_tokenizer(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def ckpt(hf_dir, work):
+    return convert(hf_dir, work / "ckpt")
+
+
+def test_round_trip_is_bit_identical(hf_dir, ckpt, work):
+    out = export(ckpt, work / "rt")
+    assert_same_bits(st_tensors(out), st_tensors(hf_dir))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (Path(out) / name).read_bytes() == (hf_dir / name).read_bytes()
+
+
+def test_bf16_round_trip_is_bit_identical(hf_model, work):
+    hf = work / "hf_bf16"
+    copy.deepcopy(hf_model).to(torch.bfloat16).save_pretrained(hf)
+    ck = convert(hf, work / "ckpt_bf16")
+    assert checkpoint.load_config(ck).param_dtype == "bfloat16"
+    assert_same_bits(st_tensors(export(ck, work / "rt_bf16")), st_tensors(hf))
+
+
+def test_export_loads_in_transformers_with_same_logits(hf_model, ckpt, work):
+    params, config = checkpoint.load(ckpt)
+    config = config.replace(mask_token_id=5, eos_token_id=95)
+    zarya = ZaryaConfig(alpha0=0.5, slot_size_set=(4, 8), slot_step_borders=(0.5, 1.0))
+    ck = checkpoint.save(work / "ckpt_zarya", params, config, zarya)
+    out = export(ck, work / "hf_zarya")
+    m = AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager")  # as the reference
+    assert type(m) is Qwen3ForCausalLM
+    tokens = np.random.default_rng(3).integers(0, VOCAB, (2, 11))
+    np.testing.assert_array_equal(hf_logits(m.eval(), tokens), hf_logits(hf_model, tokens))
+    hf_config = json.loads((Path(out) / "config.json").read_text())
+    assert hf_config["mask_token_id"] == 5 and hf_config["zarya"]["alpha0"] == 0.5
+    assert from_hf_dict(hf_config) == (config, zarya)
+    assert json.loads((Path(out) / "generation_config.json").read_text())["eos_token_id"] == 95
+
+
+def test_sharded_safetensors_read_and_written(hf_model, hf_dir, ckpt, work):
+    sharded = work / "hf_sharded"
+    hf_model.save_pretrained(sharded, max_shard_size="20KB")
+    assert (sharded / "model.safetensors.index.json").exists() and len(list(sharded.glob("*.safetensors"))) > 1
+    ck = convert(sharded, work / "ckpt_sharded")
+    a, b = loaded(ck), loaded(ckpt)
+    assert_same_bits(a, b)
+
+    out = Path(export(ckpt, work / "out_sharded", "--max-shard-size", "20KB"))
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    files = sorted(out.glob("*.safetensors"))
+    assert len(files) > 1 and set(index["weight_map"].values()) == {f.name for f in files}
+    assert index["metadata"]["total_size"] == sum(v.nbytes for v in st_tensors(out).values())
+    assert_same_bits(st_tensors(out), st_tensors(hf_dir))
+    m = AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager")  # as the reference
+    tokens = np.random.default_rng(4).integers(0, VOCAB, (1, 7))
+    np.testing.assert_array_equal(hf_logits(m.eval(), tokens), hf_logits(hf_model, tokens))
+
+
+def test_add_mask_token_untied(hf_model, hf_dir, work):
+    ck = convert(hf_dir, work / "ckpt_mask", "--add-mask-token")
+    params, config = checkpoint.load(ck)
+    assert config.vocab_size == VOCAB + 1 and config.mask_token_id == VOCAB
+    embed_hf = hf_model.model.embed_tokens.weight.detach().numpy()
+    head_hf = hf_model.lm_head.weight.detach().numpy()
+    embed, head = np.asarray(params["embed"]), np.asarray(params["lm_head"])
+    assert embed.shape == (VOCAB + 1, embed_hf.shape[1]) and head.shape == (embed_hf.shape[1], VOCAB + 1)
+    np.testing.assert_array_equal(embed[:VOCAB], embed_hf)
+    np.testing.assert_array_equal(head[:, :VOCAB], head_hf.T)
+    np.testing.assert_allclose(embed[VOCAB], embed_hf.astype(np.float64).mean(0), atol=1e-7, rtol=0)
+    np.testing.assert_allclose(head[:, VOCAB], head_hf.astype(np.float64).mean(0), atol=1e-7, rtol=0)
+    # The tokenizer stored with the checkpoint knows the token under the same id.
+    tok = HFTokenizer(checkpoint.tokenizer_dir(ck))
+    assert tok.mask_id == VOCAB
+    assert tok.encode("w3 <mdm_mask> w4") == [3, VOCAB, 4]
+    # …and so does the exported directory, which transformers loads with the grown vocab.
+    out = export(ck, work / "hf_mask")
+    m = AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager")  # as the reference
+    assert m.config.vocab_size == VOCAB + 1 and m.config.mask_token_id == VOCAB
+    assert AutoTokenizer.from_pretrained(out).convert_tokens_to_ids("<mdm_mask>") == VOCAB
+
+
+def test_add_mask_token_tied_then_not_twice(work):
+    m = make_hf_model(12, vocab=VOCAB, tie=True)
+    m.save_pretrained(work / "hf_tied")
+    ck = convert(work / "hf_tied", work / "ckpt_tied_mask", "--add-mask-token")
+    params, config = checkpoint.load(ck)
+    assert "lm_head" not in params and config.mask_token_id == VOCAB
+    embed_hf = m.model.embed_tokens.weight.detach().numpy()
+    np.testing.assert_allclose(np.asarray(params["embed"])[VOCAB], embed_hf.astype(np.float64).mean(0),
+                               atol=1e-7, rtol=0)
+    # The export records mask_token_id, so converting it again adds no second row.
+    again = convert(export(ck, work / "hf_tied_mask"), work / "ckpt_tied_again", "--add-mask-token")
+    config_again = checkpoint.load_config(again)
+    assert config_again.vocab_size == VOCAB + 1 and config_again.mask_token_id == VOCAB
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def assert_fails(main, argv, *fragments):
+    """The CLI exits with a one-line 'error: …' naming the problem and leaves no output behind."""
+    out = Path(argv[argv.index("--out") + 1])
+    before = set(os.listdir(out.parent)) if out.parent.exists() else set()
+    with pytest.raises(SystemExit) as e:
+        main([str(a) for a in argv])
+    message = e.value.code
+    assert isinstance(message, str) and message.startswith("error: ") and "\n" not in message, message
+    for fragment in fragments:
+        assert fragment in message, (fragment, message)
+    if out.parent.exists():
+        assert set(os.listdir(out.parent)) == before  # no output, no temp dir left
+
+
+@pytest.fixture()
+def bad(hf_dir, tmp_path):
+    """A fresh copy of the good HF directory to break."""
+    shutil.copytree(hf_dir, tmp_path / "hf")
+    return tmp_path / "hf"
+
+
+def test_missing_directory_and_config(bad, tmp_path):
+    assert_fails(hf_to_jax.main, ["--hf-dir", tmp_path / "nope", "--out", tmp_path / "o"], "is not a directory")
+    (bad / "config.json").unlink()
+    assert_fails(hf_to_jax.main, ["--hf-dir", bad, "--out", tmp_path / "o"], "config.json", "not found")
+
+
+def test_unreadable_config_and_weights(bad, tmp_path):
+    config = (bad / "config.json").read_text()
+    (bad / "config.json").write_text(config[: len(config) // 2])
+    assert_fails(hf_to_jax.main, ["--hf-dir", bad, "--out", tmp_path / "o"], "cannot read model config")
+    (bad / "config.json").write_text(config)
+    weights = bad / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    assert_fails(hf_to_jax.main, ["--hf-dir", bad, "--out", tmp_path / "o"], "cannot read safetensors file")
+    weights.unlink()
+    assert_fails(hf_to_jax.main, ["--hf-dir", bad, "--out", tmp_path / "o"], "no weights in")
+
+
+def test_other_architecture_lists_supported(bad, tmp_path):
+    config = json.loads((bad / "config.json").read_text())
+    config.update(architectures=["LlamaForCausalLM"], model_type="llama")
+    (bad / "config.json").write_text(json.dumps(config))
+    assert_fails(hf_to_jax.main, ["--hf-dir", bad, "--out", tmp_path / "o"],
+                 "unsupported architecture", "LlamaForCausalLM", "Qwen3ForCausalLM")
+
+
+def test_shape_mismatch_names_tensor(bad, tmp_path):
+    config = json.loads((bad / "config.json").read_text())
+    config["intermediate_size"] = 40
+    (bad / "config.json").write_text(json.dumps(config))
+    assert_fails(hf_to_jax.main, ["--hf-dir", bad, "--out", tmp_path / "o"],
+                 "model.layers.0.mlp.gate_proj.weight", "(48, 32)", "(40, 32)")
+
+
+def test_pickle_only_refused_unless_allowed(hf_model, ckpt, bad, tmp_path):
+    (bad / "model.safetensors").unlink()
+    torch.save(hf_model.state_dict(), bad / "pytorch_model.bin")
+    assert_fails(hf_to_jax.main, ["--hf-dir", bad, "--out", tmp_path / "o"], "pytorch_model.bin", "--allow-pickle")
+    allowed = convert(bad, tmp_path / "o", "--allow-pickle")
+    assert_same_bits(loaded(allowed), loaded(ckpt))
+
+
+def test_existing_output_is_untouched(hf_dir, ckpt, tmp_path):
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "keep.txt").write_text("mine")
+    assert_fails(hf_to_jax.main, ["--hf-dir", hf_dir, "--out", taken], "already exists")
+    assert_fails(jax_to_hf.main, ["--ckpt", ckpt, "--out", taken], "already exists")
+    assert os.listdir(taken) == ["keep.txt"] and (taken / "keep.txt").read_text() == "mine"
+
+
+def test_jax_to_hf_bad_checkpoint_and_size(hf_dir, ckpt, tmp_path):
+    assert_fails(jax_to_hf.main, ["--ckpt", tmp_path / "nope", "--out", tmp_path / "o"], "is not a directory")
+    assert_fails(jax_to_hf.main, ["--ckpt", hf_dir, "--out", tmp_path / "o"], "is not a zarya_jax checkpoint")
+    assert_fails(jax_to_hf.main, ["--ckpt", ckpt, "--out", tmp_path / "o", "--max-shard-size", "lots"],
+                 "--max-shard-size 'lots'")
+
+
+def test_cli_subprocess_exit_code(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "conversion.hf_to_jax", "--hf-dir", str(tmp_path / "nope"),
+                             "--out", str(tmp_path / "o")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("error: --hf-dir")
+    assert not (tmp_path / "o").exists()

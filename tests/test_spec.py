@@ -1,0 +1,194 @@
+"""Ψ-Spec lossless speculative sampling (SPEC §7): accept/residual rule, greedy identity with the AR
+sampler, exact two-token distribution, cache invariant, acceptance gains from a trained drafter."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from uno_models import CFG, LORA, adapters, random_model, trained_model
+from zarya_jax import kv_cache, lora as lora_lib, masks
+from zarya_jax import model as model_lib
+from zarya_jax.config import LoraConfig, ModelConfig
+from zarya_jax.sampling import GenerationConfig, generate, pad_prompts
+from zarya_jax.sampling import spec
+
+
+# ------------------------------------------------------------------ accept / residual
+@pytest.mark.parametrize("greedy", [False, True])
+def test_accept_residual_reproduces_p(greedy):
+    """Draft c ~ q, accept with min(1, p/q), else a residual draw: the emitted token is ~ p exactly
+    (V = 8, 10^6 draws per (p, q) pair). Greedy: the emitted token is argmax p."""
+    v, n, k = 8, 1_000_000, 3
+    key = jax.random.PRNGKey(0)
+
+    @jax.jit
+    def emitted(key):
+        kp, kq, kd, ka = jax.random.split(key, 4)
+        # a sharp p and a flat-ish q, so rejections are common and the residual path is exercised
+        p = jax.nn.softmax(2.0 * jax.random.normal(kp, (k + 1, v)), -1)
+        q = jax.nn.softmax(0.5 * jax.random.normal(kq, (k, v)), -1)
+        drafts = spec.sample_from_probs(kd, jnp.broadcast_to(q, (n, k, v)))
+        m, tok = spec.accept_drafts(jnp.broadcast_to(p, (n, k + 1, v)), jnp.broadcast_to(q, (n, k, v)), drafts, ka,
+                                    greedy=greedy)
+        first = jnp.where(m >= 1, drafts[:, 0], tok)  # the token emitted at the first draft position
+        return p, q, drafts, m, tok, first
+
+    for trial in range(2):
+        p, q, drafts, m, tok, first = jax.device_get(emitted(jax.random.fold_in(key, trial)))
+        if greedy:
+            assert (first == np.argmax(p[0])).all()
+            ok = drafts == np.argmax(p[:k], -1)[None]
+            np.testing.assert_array_equal(m, np.cumprod(ok, 1).sum(1))
+            continue
+        hist = np.bincount(first, minlength=v) / n
+        assert 0.5 * np.abs(hist - p[0]).sum() < 3e-3, (hist, p[0])
+        # draft statistics are those of q, and acceptance of draft 1 happens with prob Σ min(p, q)
+        assert 0.5 * np.abs(np.bincount(drafts[:, 0], minlength=v) / n - q[0]).sum() < 3e-3
+        assert abs((m >= 1).mean() - np.minimum(p[0], q[0]).sum()) < 3e-3
+        # all accepted → the bonus comes from the last target row
+        bonus = tok[m == k]
+        if bonus.size > 20_000:
+            assert 0.5 * np.abs(np.bincount(bonus, minlength=v) / bonus.size - p[k]).sum() < 2e-2
+
+
+# ------------------------------------------------------------------ greedy identity with the AR sampler
+PROMPT_LENGTHS = (9, 3, 14, 1, 6)
+
+
+def _prompts(trained: bool):
+    rng = np.random.default_rng(7)
+    if trained:
+        from experiments.bench_spec import synthetic_tokens
+
+        rows = synthetic_tokens(rng, len(PROMPT_LENGTHS), max(PROMPT_LENGTHS))
+        return [list(map(int, r[:n])) for r, n in zip(rows, PROMPT_LENGTHS)]
+    return [list(map(int, rng.integers(0, 256, n))) for n in PROMPT_LENGTHS]
+
+
+CASES = [  # (model, drafter, F, adapter)
+    ("random", "lora", 2, "untrained"),
+    ("random", "lora", 5, "untrained"),
+    ("random", "self", 3, None),
+    ("trained", "lora", 5, "trained"),
+    ("trained", "lora", 5, "untrained"),
+    ("trained", "self", 4, None),
+]
+
+
+def _setup(model: str, adapter):
+    params = random_model() if model == "random" else trained_model()
+    untrained, trained, _ = adapters()
+    lp = {"trained": trained, "untrained": untrained, None: None}[adapter]
+    # on the trained model, 'z' acts as EOS so rows stop at different lengths (ragged ends)
+    eos = None if model == "random" else 97 + 25
+    return params, lp, eos
+
+
+@pytest.mark.parametrize("model,drafter,f,adapter", CASES)
+def test_greedy_identical_to_ar(model, drafter, f, adapter):
+    params, lp, eos = _setup(model, adapter)
+    prompts = _prompts(model == "trained")
+    base = GenerationConfig(mode="ar", max_new_tokens=24, eos_token_id=eos)
+    ref = generate(params, CFG, prompts, base, jax.random.PRNGKey(0))
+    out = generate(params, CFG, prompts, base.replace(mode="spec", draft_length=f, drafter=drafter),
+                   jax.random.PRNGKey(1), lora_params=lp, lora=LORA)
+    np.testing.assert_array_equal(out.lengths, ref.lengths)
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+    st = out.stats
+    assert 1.0 <= st["accepted_per_cycle"] <= f and st["acceptance_by_position"][0] == 1.0
+    assert len(st["acceptance_by_position"]) == f
+    # each row needs ceil-ish(len / tokens per cycle) cycles, two passes each, plus the prefill
+    assert (out.num_forward_passes >= 1 + 2 * np.ceil(out.lengths / (f + 1))).all()
+    if model == "trained":
+        assert (out.lengths < 24).any() and (out.lengths == 24).any() or len(set(out.lengths)) > 1
+
+
+def test_trained_drafter_accepts_more():
+    """On held-out prompts, the trained adapter's mean accepted length beats the untrained one's, and
+    self-speculation on the MDM-trained model accepts more than one token per cycle."""
+    params, _, _ = _setup("trained", None)
+    untrained, trained, _ = adapters()
+    rng = np.random.default_rng(99)
+    from experiments.bench_spec import synthetic_tokens
+
+    rows = synthetic_tokens(rng, len(PROMPT_LENGTHS), max(PROMPT_LENGTHS))
+    prompts = [list(map(int, r[:n])) for r, n in zip(rows, PROMPT_LENGTHS)]
+    gc = GenerationConfig(mode="spec", max_new_tokens=24, eos_token_id=97 + 25, draft_length=5)
+    acc = {name: generate(params, CFG, prompts, gc, jax.random.PRNGKey(2), lora_params=lp, lora=LORA).stats
+           for name, lp in (("untrained", untrained), ("trained", trained))}
+    assert acc["trained"]["accepted_per_cycle"] > acc["untrained"]["accepted_per_cycle"] + 0.5, acc
+    assert acc["trained"]["tokens_per_forward"] > 1.0
+
+
+# ------------------------------------------------------------------ cache invariant and the seed row
+def test_cache_after_each_cycle_equals_ar_recompute():
+    params, lp, _ = _setup("random", "untrained")
+    lp = jax.tree.map(lambda x: x + 0.1, lp)  # a drafter unlike the AR model: varied acceptance
+    prompts = _prompts(False)
+    gc = GenerationConfig(mode="spec", max_new_tokens=24, draft_length=5, temperature=1.0)
+    tokens, lengths = pad_prompts(prompts, gc.prompt_bucket, CFG.pad_token_id)
+    p_width = tokens.shape[1]
+
+    @jax.jit
+    def recompute(text, valid):
+        _, kv = model_lib.apply(params, CFG, text, window_mask=masks.causal_with_padding(valid))
+        return kv
+
+    for cycles in (1, 2, 3):
+        raw = jax.device_get(spec.spec_decode(params, lp, jnp.asarray(tokens), jnp.asarray(lengths),
+                                              jax.random.PRNGKey(4), jnp.int32(cycles), config=CFG, gcfg=gc, lora=LORA))
+        gen = raw["lengths"]
+        assert (gen < 24).all()  # no row truncated yet: the cache holds exactly the committed text
+        text = np.full((len(prompts), p_width + 24), CFG.pad_token_id, np.int32)
+        for i, p in enumerate(prompts):
+            text[i, :len(p)] = p
+            text[i, len(p):len(p) + gen[i]] = raw["tokens"][i, :gen[i]]
+        total = lengths + gen
+        np.testing.assert_array_equal(raw["cache"]["length"], total - 1)  # all but the seed
+        np.testing.assert_array_equal(raw["seed"], text[np.arange(len(prompts)), total - 1])
+        np.testing.assert_array_equal(raw["positions"], total)
+        kv = jax.device_get(recompute(jnp.asarray(text), jnp.asarray(np.arange(text.shape[1])[None] < total[:, None])))
+        for i in range(len(prompts)):
+            n = total[i] - 1
+            np.testing.assert_allclose(raw["cache"]["k"][:, i, :n], kv[0][:, i, :n], atol=1e-5)
+            np.testing.assert_allclose(raw["cache"]["v"][:, i, :n], kv[1][:, i, :n], atol=1e-5)
+
+
+# ------------------------------------------------------------------ exact two-token distribution
+SMALL = ModelConfig(vocab_size=8, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
+                    head_dim=16, max_position_embeddings=64, mask_token_id=7, eos_token_id=None, pad_token_id=0,
+                    tie_word_embeddings=False)
+
+
+@pytest.mark.parametrize("drafter", ["lora", "self"])
+def test_first_two_tokens_joint_distribution(drafter):
+    """Histogram of (token 1, token 2) from Ψ-Spec (temperature 1, F = 3) vs the AR model's exact
+    two-token distribution, enumerated with full forwards."""
+    params = jax.jit(model_lib.init_params, static_argnums=0)(SMALL, jax.random.PRNGKey(11))
+    params = {**params, "lm_head": params["lm_head"] * 60.0}  # a non-flat p
+    small_lora = LoraConfig(rank=2, alpha=4.0)
+    lp = jax.tree.map(lambda x: x + 0.3, lora_lib.init_lora(SMALL, small_lora, jax.random.PRNGKey(12)))
+    prompt = [1, 2, 3, 4]
+    v = 7  # the mask token (id 7) is never sampled
+
+    # exact: p(t1) p(t2 | t1) from full causal forwards over prompt + t1 (+ any t2 slot)
+    seqs = jnp.asarray([prompt + [t1] for t1 in range(v)], jnp.int32)
+    logits = np.asarray(model_lib.forward(params, SMALL, seqs), np.float64)[..., :v]
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    exact = probs[0, len(prompt) - 1][:, None] * probs[:, len(prompt)]
+
+    n = 200_000
+    gc = GenerationConfig(mode="spec", max_new_tokens=2, temperature=1.0, draft_length=3, drafter=drafter)
+    tokens = jnp.broadcast_to(jnp.asarray(prompt + [0] * 12, jnp.int32), (n, 16))
+    raw = spec.spec_decode(params, lp if drafter == "lora" else None, tokens, jnp.full((n,), len(prompt), jnp.int32),
+                           jax.random.PRNGKey(13), jnp.int32(2), config=SMALL, gcfg=gc,
+                           lora=small_lora if drafter == "lora" else None)
+    out = np.asarray(raw["tokens"])
+    assert (np.asarray(raw["lengths"]) == 2).all() and out.max() < v
+    hist = np.bincount(out[:, 0] * v + out[:, 1], minlength=v * v).reshape(v, v) / n
+    tv = 0.5 * np.abs(hist - exact).sum()
+    # sampling noise alone gives E[TV] ≈ 0.5 Σ sqrt(2 p / (π n)) ≈ 0.005 here
+    assert tv < 0.012, (tv, hist, exact)
+    # and the drafter really is different from p: rejections happened
+    assert float(raw["accepted_sum"]) / n < 3.0
