@@ -18,6 +18,7 @@ import re
 import shutil
 import struct
 
+import jax
 import numpy as np
 
 from zarya_jax import checkpoint, hf_params
@@ -65,7 +66,7 @@ def write_safetensors(path: str, params: dict, tensors: list[tuple]) -> None:
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
         for name, e, layer, nbytes in tensors:
-            leaf = np.asarray(hf_params.get_path(params, e.path))
+            leaf = hf_params.get_path(params, e.path)
             arr = hf_params.to_hf(e, leaf if layer is None else leaf[layer], name)
             arr.tofile(f)
 
@@ -81,10 +82,12 @@ def export(ckpt: str, out: str, *, max_shard_size: int = 2 * 10**9) -> str:
         raise ConversionError(f"--ckpt {ckpt!r} is not a directory")
     out = check_new_output(out)
     try:
-        params, config = checkpoint.load(ckpt)
+        # Host memory, converted to numpy once: per-tensor slices then cost no device transfers.
+        params, config = checkpoint.load(ckpt, jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0]))
         zarya = checkpoint.load_zarya_config(ckpt)
     except ValueError as e:
         raise ConversionError(str(e)) from e
+    params = jax.tree.map(np.asarray, params)
     dtypes = {np.dtype(x.dtype).name for _, x in hf_params.leaves(params)}
     if not dtypes <= set(_ST_DTYPES):
         raise ConversionError(f"checkpoint dtypes {sorted(dtypes)}: expected some of {sorted(_ST_DTYPES)}")

@@ -112,3 +112,144 @@ def fit_adapter(params, config: ModelConfig, lora: LoraConfig, dcfg: drafter_lib
                                         jax.random.PRNGKey(1000 + i), jnp.int32(block))
         losses.append(float(loss))
     return lora_params, losses
+
+
+# ------------------------------------------------------------------ the benchmark
+def _timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def run(ckpt: str | None = None, adapter: str | None = None, *, draft_lengths=(4, 8, 16), batch_sizes=(1, 8, 32),
+        max_new_tokens: int = 128, prompt_length: int = 16, temperature: float = 0.0, repeats: int = 3,
+        drafters=("lora", "self"), pretrain_steps: int = 300, drafter_steps: int = 200, lora_rank: int = 16,
+        lora_alpha: float = 256.0, seed: int = 0, log=print) -> dict:
+    """Measures Ψ-Spec against the AR sampler (module doc). Returns {'setup': …, 'results': [row, …]}
+    with one row per (drafter, F, batch): accepted_per_cycle, tokens_per_cycle, tokens_per_forward,
+    acceptance_by_position, ar_s, spec_s (best of `repeats`), speedup = ar_s / spec_s."""
+    from zarya_jax.sampling import GenerationConfig, generate
+
+    setup: dict = {"backend": jax.default_backend(), "device": str(jax.devices()[0]), "max_new_tokens": max_new_tokens,
+                   "temperature": temperature, "prompt_length": prompt_length, "repeats": repeats}
+    if ckpt:
+        from zarya_jax import checkpoint as ckpt_lib
+
+        params, config = ckpt_lib.load(ckpt)
+        setup["model"] = os.path.abspath(ckpt)
+    else:
+        config = BENCH_CONFIG
+        t0 = time.perf_counter()
+        params, loss = pretrain_ar(config, steps=pretrain_steps, batch=32, length=64, lr=3e-3, mdm_weight=1.0,
+                                   seed=seed)
+        setup["model"] = (f"synthetic: {config.num_layers}×{config.hidden_size}d Qwen3, {pretrain_steps} steps AR+MDM "
+                          f"on stride-letter text (final loss {loss:.3f}, {time.perf_counter() - t0:.0f}s)")
+    log(f"model: {setup['model']}")
+    lora_params = lora = None
+    if "lora" in drafters:
+        if adapter:
+            lora_params, lora = lora_lib.load(adapter)
+            setup["adapter"] = os.path.abspath(adapter)
+        else:
+            lora = LoraConfig(rank=lora_rank, alpha=lora_alpha)
+            t0 = time.perf_counter()
+            lora_params, losses = fit_adapter(params, config, lora, drafter_lib.DrafterConfig(), steps=drafter_steps,
+                                              batch=16, length=64, lr=3e-3, seed=seed)
+            setup["adapter"] = (f"rank {lora.rank} alpha {lora.alpha}, {drafter_steps} TV steps with the 2→16 block "
+                                f"curriculum (loss {np.mean(losses[:10]):.3f} → {np.mean(losses[-10:]):.3f}, "
+                                f"{time.perf_counter() - t0:.0f}s)")
+        log(f"adapter: {setup['adapter']}")
+    if "self" in drafters and config.mask_token_id is None:
+        raise ValueError("drafter 'self' needs a model with a mask token (mask_token_id)")
+
+    rng = np.random.default_rng(seed + 123)
+    results = []
+    for b in batch_sizes:
+        rows = synthetic_tokens(rng, b, prompt_length)
+        prompts = [list(map(int, r[: int(rng.integers(prompt_length // 2, prompt_length + 1))])) for r in rows]
+        base = GenerationConfig(mode="ar", max_new_tokens=max_new_tokens, temperature=temperature,
+                                prompt_bucket=prompt_length)
+        configs = [(d, f) for d in drafters for f in draft_lengths]
+        key = jax.random.PRNGKey(seed)
+
+        def call(gc):
+            out = generate(params, config, prompts, gc, key, lora_params=lora_params, lora=lora)
+            return out
+
+        gcs = {None: base, **{(d, f): base.replace(mode="spec", drafter=d, draft_length=f) for d, f in configs}}
+        outs = {k: call(gc) for k, gc in gcs.items()}  # compile + warm up
+        best = {k: np.inf for k in gcs}
+        for _ in range(repeats):  # interleaved: AR and every spec config see the same machine load
+            for k, gc in gcs.items():
+                _, dt = _timed(lambda: call(gc))
+                best[k] = min(best[k], dt)
+        ar = outs[None]
+        for d, f in configs:
+            st = outs[(d, f)].stats
+            same = bool(np.array_equal(outs[(d, f)].tokens, ar.tokens)) if temperature == 0 else None
+            row = {"drafter": d, "draft_length": f, "batch": b, "accepted_per_cycle": st["accepted_per_cycle"],
+                   "tokens_per_cycle": st["tokens_per_cycle"], "tokens_per_forward": st["tokens_per_forward"],
+                   "acceptance_by_position": [round(x, 3) for x in st["acceptance_by_position"]],
+                   "ar_s": best[None], "spec_s": best[(d, f)], "speedup": best[None] / best[(d, f)],
+                   "identical_to_ar": same, "generated_tokens": int(outs[(d, f)].lengths.sum())}
+            results.append(row)
+            log(f"B={b:3d} {d:4s} F={f:2d}: accepted/cycle {row['accepted_per_cycle']:.2f}  tokens/forward "
+                f"{row['tokens_per_forward']:.2f}  AR {row['ar_s'] * 1e3:.0f} ms  spec {row['spec_s'] * 1e3:.0f} ms  "
+                f"speed-up {row['speedup']:.2f}×  identical={same}")
+    return {"setup": setup, "results": results}
+
+
+def _ints(text: str, what: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{what}={text!r}: expected comma-separated integers") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"{what}={text!r}: expected positive integers")
+    return values
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m experiments.bench_spec", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ckpt", default=None, help="AR/Zarya checkpoint (default: train a small synthetic model)")
+    p.add_argument("--adapter", default=None, help="trained adapter directory (default: train one here)")
+    p.add_argument("--draft-lengths", default="4,8,16")
+    p.add_argument("--batch-sizes", default="1,8,32")
+    p.add_argument("--drafters", default="lora,self", help="lora, self or both")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--prompt-length", type=int, default=16)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--pretrain-steps", type=int, default=300)
+    p.add_argument("--drafter-steps", type=int, default=200)
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    args = p.parse_args(argv)
+    try:
+        drafters = tuple(d for d in args.drafters.split(",") if d)
+        bad = [d for d in drafters if d not in ("lora", "self")]
+        if bad or not drafters:
+            raise ValueError(f"--drafters={args.drafters!r}: expected 'lora', 'self' or 'lora,self'")
+        for path, what in ((args.ckpt, "--ckpt"), (args.adapter, "--adapter")):
+            if path and not os.path.exists(path):
+                raise FileNotFoundError(f"{what} {path!r} does not exist")
+        result = run(args.ckpt, args.adapter, draft_lengths=_ints(args.draft_lengths, "--draft-lengths"),
+                     batch_sizes=_ints(args.batch_sizes, "--batch-sizes"), max_new_tokens=args.max_new_tokens,
+                     prompt_length=args.prompt_length, temperature=args.temperature, repeats=args.repeats,
+                     drafters=drafters, pretrain_steps=args.pretrain_steps, drafter_steps=args.drafter_steps)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    text = json.dumps(result, indent=2)
+    if args.out:
+        d = os.path.dirname(os.path.abspath(args.out))
+        os.makedirs(d, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=d, delete=False, suffix=".tmp") as f:
+            f.write(text)
+        os.replace(f.name, args.out)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -48,7 +48,7 @@ def default_run_config() -> dict:
     zarya = ZaryaConfig(slotted_training=True, slot_size_set=(2, 4, 8), slot_step_borders=(0.1, 0.4, 1.0))
     optim = OptimConfig(lr=2e-3, warmup_steps=100, schedule="cosine", min_lr_ratio=0.05, weight_decay=0.01)
     data = DataConfig(tokenizer="byte", max_length=88, batch_size=32, pack=False, seed=0)
-    train = TrainConfig(steps=3000, log_every=25, eval_every=0, save_every=1000, keep=1, keep_best=0,
+    train = TrainConfig(steps=600, log_every=25, eval_every=0, save_every=200, keep=1, keep_best=0,
                         async_checkpointing=False)
     return {
         "task": {"difficulty": 1, "num_train": 50000, "num_test": 200, "seed": 0, "train_file": "", "test_file": ""},
@@ -142,6 +142,10 @@ def calibrate_steps(config: dict, train_file: str, test_file: str, workdir: str,
     return max(1, int(minutes * 60 / per_step))
 
 
+class TrainingInterrupted(KeyboardInterrupt):
+    """Training was stopped by a signal after saving a checkpoint (not a failure of the run)."""
+
+
 def _small_init(model_config, config: dict):
     """Random init with the embedding scaled to std `train_init.embed_std` (Hugging Face's Qwen3
     `initializer_range` 0.02): the library's unit-variance embedding, tied to the head, starts from
@@ -166,7 +170,10 @@ def train_model(config: dict, train_file: str, test_file: str, workdir: str) -> 
     summary = trainer.train(run, os.path.join(workdir, "train"), init_params=_small_init(run.model, config))
     summary["wall_s"] = time.perf_counter() - t0
     if summary["status"] != "completed":
-        raise RuntimeError(f"training stopped early ({summary['status']}); rerun to resume")
+        # A signal (SIGTERM/SIGINT) stopped training after a checkpoint: stop everything (a sweep
+        # must not carry on with its next run), and let a rerun resume.
+        raise TrainingInterrupted(f"training stopped by signal {summary.get('signal')} at step {summary['step']}; "
+                                  "rerun the same command to resume")
     return summary
 
 
@@ -299,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m experiments.quickstart", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workdir", default="runs/quickstart", help="where data, checkpoints and reports go")
-    p.add_argument("--steps", type=int, default=None, help="training steps (default 3000)")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default 600)")
     p.add_argument("--minutes", type=float, default=None,
                    help="training time budget: measure this machine's step time, then choose --steps")
     p.add_argument("--ckpt", default=None, help="evaluate this checkpoint; skip training")
@@ -347,6 +354,9 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:
+        print(f"interrupted: {e}", file=sys.stderr)
+        return 130
     print(report_markdown(report))
     print(f"wrote {args.workdir}/report.json, report.md, report.png")
     return 0

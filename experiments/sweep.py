@@ -156,7 +156,8 @@ def run_sweep(spec: dict, workdir: str, run_fn=None, host_index: int = 0, num_ho
         t0 = time.time()
         try:
             metrics = run_fn(configs[name], run_dir)
-        except Exception as e:  # a failed run must not stop the others; it is retried on the next call
+        except Exception as e:  # a failed run must not stop the others; it is retried on the next call.
+            # (A signal is not a failure: KeyboardInterrupt, a BaseException, stops the whole sweep.)
             atomic_write(os.path.join(run_dir, "error.txt"), traceback.format_exc())
             log(f"[sweep] {name}: FAILED ({type(e).__name__}: {e}); see {run_dir}/error.txt")
             status["failed"].append(name)
@@ -268,6 +269,9 @@ def main(argv=None) -> int:
     except SweepError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:
+        print(f"interrupted: {e}; rerun to resume (finished runs are skipped)", file=sys.stderr)
+        return 130
     rows = collect(spec, workdir)
     written = write_tables(rows, workdir, spec["name"])
     print(open(os.path.join(workdir, "results.md")).read())

@@ -110,8 +110,9 @@ def test_gradients_reach_every_param(tiny_config, tiny_params):
         for path, leaf in jax.tree_util.tree_leaves_with_path(g):
             leaf = np.asarray(leaf)
             assert np.all(np.isfinite(leaf)), path
-            per_layer = leaf.reshape(tiny_config.num_layers, -1) if "layers" in jax.tree_util.keystr(path) else leaf[None]
-            assert np.all(np.abs(per_layer).max(axis=1) > 0), jax.tree_util.keystr(path)
+            name = jax.tree_util.keystr(path)
+            per_layer = leaf.reshape(tiny_config.num_layers, -1) if "layers" in name else leaf.reshape(1, -1)
+            assert np.all(np.abs(per_layer).max(axis=1) > 0), name  # every layer of every param
     assert len(calls) == 2
 
 

@@ -13,9 +13,10 @@ from conversion import hf_to_jax
 from zarya_jax import checkpoint, hf_params, masks, model
 
 FP32_TOL = 1e-4
-# bf16 keeps 8 mantissa bits (relative rounding 2^-9 ≈ 0.2%) for weights and activations; through two
-# layers and the head the logits stay within 4% of their own scale (max |logit|), ~10x the rounding.
-BF16_REL_TOL = 0.04
+# bf16 keeps 8 mantissa bits (relative rounding 2^-9 ≈ 0.2%) in weights and activations. Through two
+# layers of these deliberately "hot" random weights and the head, the max logit error measured
+# 2.0–3.4% of the logits' own scale (max |logit| ≈ 4) over seeds 7–9; the bound is 5% of that scale.
+BF16_REL_TOL = 0.05
 
 
 # One compile per (config, shapes): eager Linen + nn.scan would re-trace the layer stack on every call.

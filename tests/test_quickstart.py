@@ -5,6 +5,7 @@ import json
 import math
 import os
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -61,6 +62,7 @@ def test_ar_matches_uncached_greedy_and_spec_is_lossless(smoke_run):
     tok = ByteTokenizer()
     max_new = report["config"]["eval"]["max_new_tokens"]
     length = 128  # fixed shape, right padding: causal attention makes the padding invisible
+    fwd = jax.jit(lambda p, t: forward(p, config, t))
     ar = {p["index"]: p for p in preds if p["mode"] == "ar"}
     for i, p in ar.items():
         ids = tok.encode(p["prompt"])
@@ -69,7 +71,7 @@ def test_ar_matches_uncached_greedy_and_spec_is_lossless(smoke_run):
             seq = ids + out
             padded = np.full((1, length), tok.pad_id, np.int32)
             padded[0, : len(seq)] = seq
-            logits = np.asarray(forward(params, config, jnp.asarray(padded)))[0, len(seq) - 1]
+            logits = np.array(fwd(params, jnp.asarray(padded)))[0, len(seq) - 1]
             logits[config.mask_token_id] = -np.inf  # the mask token is never generated (SPEC §4)
             nxt = int(np.argmax(logits))
             out.append(nxt)

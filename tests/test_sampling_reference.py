@@ -5,11 +5,18 @@ window. The reference concatenates that physical prefix and the pass's valid win
 model without any cache (plain causal attention over the physical order, logical positions as RoPE
 positions, SPEC §0). For slot-local passes each slot is recomputed on its own.
 """
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from zarya_jax import model as model_lib
+
+
+@functools.partial(jax.jit, static_argnums=3)
+def _forward(params, tokens, positions, config):
+    return model_lib.forward(params, config, tokens, positions)
 
 
 def reference_sequences(trace, phys_tok, phys_pos, groups_of=None, select=None):
@@ -37,13 +44,15 @@ def check_against_full_forward(params, config, trace, phys_tok, phys_pos, groups
     groups_of(n, b) -> int [window] recomputes each group separately; select(n, b) -> bool filters passes."""
     items = list(reference_sequences(trace, phys_tok, phys_pos, groups_of, select))
     assert items, "no pass recorded"
-    width = max(len(t) for *_, t, _ in items)
-    toks = np.zeros((len(items), width), np.int32)
-    pos = np.zeros((len(items), width), np.int32)
+    # Shapes rounded up to buckets so that every check in a session reuses one compiled forward.
+    width = -(-max(len(t) for *_, t, _ in items) // 32) * 32
+    rows = -(-len(items) // 64) * 64
+    toks = np.zeros((rows, width), np.int32)
+    pos = np.zeros((rows, width), np.int32)
     for i, (*_, t, p) in enumerate(items):
         toks[i, : len(t)] = t  # right padding: causal rows before it are unaffected
         pos[i, : len(p)] = p
-    ref = np.asarray(jax.jit(lambda t, p: model_lib.forward(params, config, t, p))(jnp.asarray(toks), jnp.asarray(pos)))
+    ref = np.asarray(_forward(params, jnp.asarray(toks), jnp.asarray(pos), config))
     logits = np.asarray(trace["logits"])
     for i, (n, r, idx, t, _) in enumerate(items):
         k = len(idx)

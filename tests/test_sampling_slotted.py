@@ -126,12 +126,13 @@ def test_routing_by_slotted_generation():
 
 
 def test_parallel_infill_equals_per_slot_recompute(tiny_config, tiny_params):
-    """τs = 0 and τt = 0.99: several slots are infilled in one pass with the slot-local mask; each slot's
+    """τs = 0 and τt = 1 (no drafted token passes on its own, so every plan goes to infill with all its
+    slots): several slots are infilled in one pass with the slot-local mask; each slot's
     logits equal a full forward over the committed text plus that slot alone. Checked up to the end of
     each row's first infill (afterwards the cache holds slot-local K/V, ReFusion's approximation, which
     no single causal recompute reproduces)."""
     gc = GenerationConfig(mode="slotted", max_new_tokens=G, slot_size=S, serial_num_blocks=NB, slot_threshold=0.0,
-                          token_threshold=0.99, temperature=1.0, stop_at_eos=False, prompt_bucket=8)
+                          token_threshold=1.0, temperature=1.0, stop_at_eos=False, prompt_bucket=8)
     out = generate(tiny_params, tiny_config, PROMPTS, gc, jax.random.PRNGKey(6), debug=True)
     st = out.stats
     tr = st["trace"]

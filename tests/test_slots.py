@@ -257,7 +257,8 @@ def test_ordered_sampling_rises_with_slot_mean():
             p = np.float32(zc.eps) + np.float32(1 - zc.eps) * draws["u_pmask"][b, s - 1]
             for k in range(0, len(answer), S):
                 logical = [batch["positions"][b, i] for i in answer[k:k + S]]
-                rows = [int(np.nonzero((out["segment_ids"][b] == s) & (out["positions"][b] == q))[0][0]) for q in logical]
+                rows = [int(np.nonzero((out["segment_ids"][b] == s) & (out["positions"][b] == q))[0][0])
+                        for q in logical]
                 if not out["is_dif"][b, rows[0]]:
                     continue
                 pj = out["p_mask"][b, rows]
@@ -310,6 +311,8 @@ def test_make_batch_errors():
         make_batch([([1], [2])], 0, PAD)
     with pytest.raises(BatchError, match="token ids"):
         make_batch([([-1], [2])], 8, PAD)
+    with pytest.raises(BatchError, match="integer token ids"):
+        make_batch([([1.5], [2])], 8, PAD)
 
 
 # ----------------------------------------------------------------------------- curriculum (SPEC §2.1)

@@ -18,7 +18,8 @@ from zarya_jax.sampling import spec
 def test_accept_residual_reproduces_p(greedy):
     """Draft c ~ q, accept with min(1, p/q), else a residual draw: the emitted token is ~ p exactly
     (V = 8, 10^6 draws per (p, q) pair). Greedy: the emitted token is argmax p."""
-    v, n, k = 8, 1_000_000, 3
+    v, k = 8, 2
+    n = 10_000 if greedy else 1_000_000
     key = jax.random.PRNGKey(0)
 
     @jax.jit
@@ -33,7 +34,7 @@ def test_accept_residual_reproduces_p(greedy):
         first = jnp.where(m >= 1, drafts[:, 0], tok)  # the token emitted at the first draft position
         return p, q, drafts, m, tok, first
 
-    for trial in range(2):
+    for trial in range(1):
         p, q, drafts, m, tok, first = jax.device_get(emitted(jax.random.fold_in(key, trial)))
         if greedy:
             assert (first == np.argmax(p[0])).all()
@@ -178,7 +179,7 @@ def test_first_two_tokens_joint_distribution(drafter):
     probs /= probs.sum(-1, keepdims=True)
     exact = probs[0, len(prompt) - 1][:, None] * probs[:, len(prompt)]
 
-    n = 200_000
+    n = 60_000
     gc = GenerationConfig(mode="spec", max_new_tokens=2, temperature=1.0, draft_length=3, drafter=drafter)
     tokens = jnp.broadcast_to(jnp.asarray(prompt + [0] * 12, jnp.int32), (n, 16))
     raw = spec.spec_decode(params, lp if drafter == "lora" else None, tokens, jnp.full((n,), len(prompt), jnp.int32),
@@ -188,7 +189,7 @@ def test_first_two_tokens_joint_distribution(drafter):
     assert (np.asarray(raw["lengths"]) == 2).all() and out.max() < v
     hist = np.bincount(out[:, 0] * v + out[:, 1], minlength=v * v).reshape(v, v) / n
     tv = 0.5 * np.abs(hist - exact).sum()
-    # sampling noise alone gives E[TV] ≈ 0.5 Σ sqrt(2 p / (π n)) ≈ 0.005 here
-    assert tv < 0.012, (tv, hist, exact)
+    # sampling noise alone gives E[TV] ≈ 0.5 Σ sqrt(2 p / (π n)) ≤ 0.011 here
+    assert tv < 0.025, (tv, hist, exact)
     # and the drafter really is different from p: rejections happened
     assert float(raw["accepted_sum"]) / n < 3.0

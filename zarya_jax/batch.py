@@ -28,9 +28,12 @@ class BatchError(ValueError):
 
 
 def _as_ids(x, what: str) -> np.ndarray:
-    arr = np.asarray(x if len(x) else [], dtype=np.int64)
+    arr = np.asarray(x)
     if arr.ndim != 1:
         raise BatchError(f"{what}: expected a flat list of token ids, got shape {arr.shape}")
+    if arr.size and arr.dtype.kind not in "iu":
+        raise BatchError(f"{what}: expected integer token ids, got dtype {arr.dtype}")
+    arr = arr.astype(np.int64)
     if arr.size and (arr.min() < 0 or arr.max() >= 2 ** 31):
         raise BatchError(f"{what}: token ids must lie in [0, 2^31), got min {arr.min()} max {arr.max()}")
     return arr

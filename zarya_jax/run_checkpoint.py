@@ -21,8 +21,9 @@ class RunCheckpointer:
     def __init__(self, workdir: str, *, keep: int, keep_best: int, async_save: bool):
         self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
         policies = [cm.LatestN(n=keep)]
+        # BestN keeps the last n after sorting; descending order puts the lowest eval losses last.
         if keep_best:
-            policies.append(cm.BestN(get_metric_fn=lambda m: m["eval_loss"], reverse=False, n=keep_best,
+            policies.append(cm.BestN(get_metric_fn=lambda m: m["eval_loss"], reverse=True, n=keep_best,
                                      keep_checkpoints_without_metrics=False))
         options = ocp.CheckpointManagerOptions(
             preservation_policy=cm.AnyPreservationPolicy(policies), enable_async_checkpointing=async_save,

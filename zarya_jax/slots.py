@@ -117,8 +117,9 @@ def slotted_transform_from_draws(draws: dict, batch: dict, zarya_config: ZaryaCo
       tokens, positions, segment_ids int32 [B, L]; window_mask bool [B, L, L];
       targets int32 [B, L]; weights f32 [B, L] (1 for AR targets, 1/p_tok for MDM targets, 0 = none);
       is_dif bool [B, L] (MDM target); answer, masked bool [B, L]; ans_len f32 [B, L] (answer length of the
-      token's example); p_mask f32 [B, L]; num_examples int32 [B] (examples with a non-empty answer); primary bool [B] (all
-      True: every row counts for per-example statistics).
+      token's example); p_mask f32 [B, L] (per-token p_mask of answer tokens, the ordered one with
+      ordered_sampling); num_examples int32 [B] (examples with a non-empty answer); primary bool [B]
+      (all True: every row counts for per-example statistics).
     """
     _check_args(slot_size, mask_id)
     row = jax.vmap(lambda d, t, s, p, m: _slot_row(d, t, s, p, m, zc=zarya_config, slot_size=int(slot_size),

@@ -250,7 +250,7 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
         m = jax.device_get(metrics)
         if int(m["bad_step"]) >= 0:
             raise NonFiniteError(
-                f"loss or gradient became non-finite at step {int(m['bad_step'])} (loss={float(m['loss'])}, "
+                f"loss or gradient became non-finite at step {int(m['bad_step']) + 1} (loss={float(m['loss'])}, "
                 f"grad_norm={float(m['grad_norm'])}); training stopped. The state was not updated; the last "
                 f"checkpoint ({ckpt.latest_step()}) is intact. Lower optim.lr or check the data.")
         last_metrics.clear()

@@ -240,8 +240,8 @@ def summarize(raw: dict) -> dict:
 
 def check_spec_args(config: ModelConfig, draft_length: int, drafter: str, lora_params, lora) -> None:
     """Validates the spec-mode knobs at the edge; raises ConfigError naming the bad value."""
-    if draft_length < 2:
-        raise ConfigError(f"draft_length={draft_length}: expected ≥ 2 (c0 plus at least one draft)")
+    if draft_length < 1:
+        raise ConfigError(f"draft_length={draft_length}: expected ≥ 1 (F = 1 drafts only c0: plain AR in 2 passes)")
     if drafter not in ("lora", "self"):
         raise ConfigError(f"drafter={drafter!r}: expected 'lora' or 'self'")
     if drafter == "self" and config.mask_token_id is None:
