@@ -4,7 +4,7 @@
 
 Writes a random Qwen3 checkpoint of about that size as sharded safetensors (numpy only, no torch
 model), converts it in a subprocess, and prints the child's peak RSS (`ru_maxrss`) divided by the
-size of the weights. A baseline child that only imports the converter is measured first, so the
+size of the weights; then the same for converting the result back with `conversion.jax_to_hf`. A baseline child that only imports the converter is measured first, so the
 import cost (jax, orbax) can be told apart from the conversion's own memory.
 """
 from __future__ import annotations
@@ -94,11 +94,14 @@ def main(argv: list[str] | None = None) -> int:
         baseline = peak_rss_bytes([sys.executable, "-c", "import conversion.hf_to_jax"], env)
         peak = peak_rss_bytes([sys.executable, "-m", "conversion.hf_to_jax", "--hf-dir", os.path.join(work, "hf"),
                                "--out", os.path.join(work, "ckpt")], env)
+        peak_back = peak_rss_bytes([sys.executable, "-m", "conversion.jax_to_hf", "--ckpt", os.path.join(work, "ckpt"),
+                                    "--out", os.path.join(work, "hf_back")], env)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"checkpoint: {config.num_layers} layers, {size / 1e9:.3f} GB of {args.dtype} weights")
     print(f"peak RSS of the converter: {peak / 1e9:.3f} GB (imports alone: {baseline / 1e9:.3f} GB)")
     print(f"peak / size = {peak / size:.2f}   (peak - imports) / size = {(peak - baseline) / size:.2f}")
+    print(f"back to HF (jax_to_hf): peak {peak_back / 1e9:.3f} GB, peak / size = {peak_back / size:.2f}")
     return 0
 
 

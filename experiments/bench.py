@@ -213,6 +213,13 @@ SUBMODULES = {"train": "experiments.bench_train", "generate": "experiments.bench
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # A benchmark module with its own command line (a `main(argv)` and no `add_arguments`) gets the
+    # rest of the arguments as they are.
+    if argv and argv[0] in SUBMODULES:
+        module = importlib.import_module(SUBMODULES[argv[0]])
+        if not hasattr(module, "add_arguments") and hasattr(module, "main"):
+            return module.main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m experiments.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/bench", help="directory for <name>.json and <name>.md")
@@ -226,9 +233,11 @@ def main(argv=None) -> int:
             if e.name != module_name:
                 raise
             continue
-        if not (hasattr(module, "add_arguments") and hasattr(module, "run")):
-            raise SystemExit(f"{module_name} must define add_arguments(parser) and run(args) -> (results, markdown)")
-        sp = sub.add_parser(name, help=(module.__doc__ or "").strip().splitlines()[0] if module.__doc__ else None)
+        summary = (module.__doc__ or "").strip().splitlines()[0] if module.__doc__ else None
+        if not hasattr(module, "add_arguments"):
+            sub.add_parser(name, help=f"{summary} (own options: python -m experiments.bench {name} --help)")
+            continue
+        sp = sub.add_parser(name, help=summary)
         module.add_arguments(sp)
         runners[name] = module.run
     args = p.parse_args(argv)

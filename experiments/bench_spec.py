@@ -1,8 +1,9 @@
 """Ψ-Spec benchmark (SPEC §7): accepted tokens per cycle, tokens per forward and wall-clock speed-up
 over the AR sampler, for the gated-LoRA drafter and for Zarya self-speculation.
 
-    python -m experiments.bench_spec [--ckpt CKPT] [--adapter DIR] [--draft-lengths 4,8,16]
-                                     [--batch-sizes 1,8,32] [--max-new-tokens 128] [--out results.json]
+    python -m experiments.bench_spec [--ckpt CKPT [--prompts-file test.jsonl]] [--adapter DIR]
+        [--draft-lengths 4,8,16] [--batch-sizes 1,8,32] [--drafters lora,self] [--max-new-tokens 128]
+        [--temperature 0] [--repeats 3] [--out results.json]
 
 Without --ckpt the script makes its own small model: a Qwen3 trained for a few hundred steps on a
 deterministic synthetic text (letter sequences with a per-sequence stride, so the AR model is
@@ -124,14 +125,20 @@ def _timed(fn):
 def run(ckpt: str | None = None, adapter: str | None = None, *, draft_lengths=(4, 8, 16), batch_sizes=(1, 8, 32),
         max_new_tokens: int = 128, prompt_length: int = 16, temperature: float = 0.0, repeats: int = 3,
         drafters=("lora", "self"), pretrain_steps: int = 300, drafter_steps: int = 200, lora_rank: int = 16,
-        lora_alpha: float = 256.0, seed: int = 0, log=print) -> dict:
+        lora_alpha: float = 256.0, seed: int = 0, prompts_file: str | None = None, log=print) -> dict:
     """Measures Ψ-Spec against the AR sampler (module doc). Returns {'setup': …, 'results': [row, …]}
     with one row per (drafter, F, batch): accepted_per_cycle, tokens_per_cycle, tokens_per_forward,
-    acceptance_by_position, ar_s, spec_s (best of `repeats`), speedup = ar_s / spec_s."""
+    acceptance_by_position, ar_s, spec_s (best of `repeats`), speedup = ar_s / spec_s.
+
+    prompts_file: a JSONL of prompt/answer or messages records (as `experiments.evaluate`), tokenized
+    with the checkpoint's tokenizer (byte when it has none); default: synthetic letter prompts."""
     from zarya_jax.sampling import GenerationConfig, generate
 
     setup: dict = {"backend": jax.default_backend(), "device": str(jax.devices()[0]), "max_new_tokens": max_new_tokens,
                    "temperature": temperature, "prompt_length": prompt_length, "repeats": repeats}
+    if ckpt and "lora" in drafters and not adapter:
+        raise ValueError("with --ckpt the LoRA drafter needs --adapter (train one with experiments.train_drafter), "
+                         "or use --drafters self")
     if ckpt:
         from zarya_jax import checkpoint as ckpt_lib
 
@@ -163,10 +170,26 @@ def run(ckpt: str | None = None, adapter: str | None = None, *, draft_lengths=(4
         raise ValueError("drafter 'self' needs a model with a mask token (mask_token_id)")
 
     rng = np.random.default_rng(seed + 123)
+    pool = None
+    if prompts_file:
+        from experiments.evaluate import prompt_and_answer
+        from zarya_jax import checkpoint as ckpt_lib
+        from zarya_jax.tokenizer import load_tokenizer
+
+        tok = load_tokenizer((ckpt_lib.tokenizer_dir(ckpt) if ckpt else None) or "byte")
+        with open(prompts_file) as f:
+            pool = [tok.encode(prompt_and_answer(json.loads(line), tok)[0]) for line in f if line.strip()]
+        if not pool:
+            raise ValueError(f"--prompts-file {prompts_file!r} holds no records")
+        prompt_length = max(len(p) for p in pool)
+        setup["prompts"] = f"{len(pool)} prompts from {os.path.abspath(prompts_file)}"
     results = []
     for b in batch_sizes:
-        rows = synthetic_tokens(rng, b, prompt_length)
-        prompts = [list(map(int, r[: int(rng.integers(prompt_length // 2, prompt_length + 1))])) for r in rows]
+        if pool is not None:
+            prompts = [pool[i % len(pool)] for i in range(b)]
+        else:
+            rows = synthetic_tokens(rng, b, prompt_length)
+            prompts = [list(map(int, r[: int(rng.integers(prompt_length // 2, prompt_length + 1))])) for r in rows]
         base = GenerationConfig(mode="ar", max_new_tokens=max_new_tokens, temperature=temperature,
                                 prompt_bucket=prompt_length)
         configs = [(d, f) for d in drafters for f in draft_lengths]
@@ -223,6 +246,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--pretrain-steps", type=int, default=300)
     p.add_argument("--drafter-steps", type=int, default=200)
+    p.add_argument("--prompts-file", default=None, help="JSONL of prompt/answer records to use as prompts")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
     try:
@@ -230,13 +254,14 @@ def main(argv=None) -> int:
         bad = [d for d in drafters if d not in ("lora", "self")]
         if bad or not drafters:
             raise ValueError(f"--drafters={args.drafters!r}: expected 'lora', 'self' or 'lora,self'")
-        for path, what in ((args.ckpt, "--ckpt"), (args.adapter, "--adapter")):
+        for path, what in ((args.ckpt, "--ckpt"), (args.adapter, "--adapter"), (args.prompts_file, "--prompts-file")):
             if path and not os.path.exists(path):
                 raise FileNotFoundError(f"{what} {path!r} does not exist")
         result = run(args.ckpt, args.adapter, draft_lengths=_ints(args.draft_lengths, "--draft-lengths"),
                      batch_sizes=_ints(args.batch_sizes, "--batch-sizes"), max_new_tokens=args.max_new_tokens,
                      prompt_length=args.prompt_length, temperature=args.temperature, repeats=args.repeats,
-                     drafters=drafters, pretrain_steps=args.pretrain_steps, drafter_steps=args.drafter_steps)
+                     drafters=drafters, pretrain_steps=args.pretrain_steps, drafter_steps=args.drafter_steps,
+                     prompts_file=args.prompts_file)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -125,15 +125,18 @@ def test_routing_by_slotted_generation():
     hash(GenerationConfig())
 
 
-def test_parallel_infill_equals_per_slot_recompute(tiny_config, tiny_params):
+def test_parallel_infill_equals_per_slot_recompute(run_one_slot, tiny_config, tiny_params):
     """τs = 0 and τt = 1 (no drafted token passes on its own, so every plan goes to infill with all its
     slots): several slots are infilled in one pass with the slot-local mask; each slot's
     logits equal a full forward over the committed text plus that slot alone. Checked up to the end of
     each row's first infill (afterwards the cache holds slot-local K/V, ReFusion's approximation, which
     no single causal recompute reproduces)."""
-    gc = GenerationConfig(mode="slotted", max_new_tokens=G, slot_size=S, serial_num_blocks=NB, slot_threshold=0.0,
-                          token_threshold=1.0, temperature=1.0, stop_at_eos=False, prompt_bucket=8)
+    from zarya_jax.sampling.generate import TRACE_COUNTS
+
+    traces = TRACE_COUNTS["slotted"]
+    gc = run_one_slot[0].replace(slot_threshold=0.0, token_threshold=1.0)
     out = generate(tiny_params, tiny_config, PROMPTS, gc, jax.random.PRNGKey(6), debug=True)
+    assert TRACE_COUNTS["slotted"] == traces  # thresholds are traced: a sweep reuses the program
     st = out.stats
     tr = st["trace"]
     phases = np.asarray(tr["phase"])
@@ -160,3 +163,24 @@ def test_parallel_infill_equals_per_slot_recompute(tiny_config, tiny_params):
     check_against_full_forward(tiny_params, tiny_config, tr, raw["physical_tokens"], raw["physical_positions"],
                                groups_of, select=lambda n, b: n <= last[b])
     assert np.all(out.lengths == G) and not np.any(out.tokens == tiny_config.mask_token_id)
+
+
+def test_eos_found_during_infill(run_tau_zero, tiny_config, tiny_params):
+    """τt = 1: only a slot's first token passes verification, everything else goes through infill.
+    EOS (the model's most frequent token) is accepted as a first token or during infill: the text is
+    cut after it, the slots after it are dropped, and the committed positions are exactly the
+    prompt + generated ones."""
+    gc = run_tau_zero[0].replace(token_threshold=1.0)
+    out = generate(tiny_params, tiny_config, PROMPTS, gc, jax.random.PRNGKey(7), debug=True)
+    st = out.stats
+    hit = 0
+    for b, prompt in enumerate(PROMPTS):
+        p, n = len(prompt), int(out.lengths[b])
+        row = out.tokens[b].tolist()
+        if 20 in row[:n]:
+            hit += 1
+            assert row[n - 1] == 20 and 20 not in row[: n - 1] and all(t == 256 for t in row[n:])
+        pos = st["physical_positions"][b]
+        assert sorted(pos[pos >= 0].tolist()) == list(range(p + n))
+        assert not np.any(st["physical_tokens"][b] == tiny_config.mask_token_id)
+    assert hit

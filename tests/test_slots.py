@@ -247,6 +247,9 @@ def test_jit_equals_eager_and_keys():
     for k in a:
         np.testing.assert_array_equal(a[k], again[k], err_msg=k)  # same key: bit-identical
     assert any(not np.array_equal(a[k], other[k]) for k in ("tokens", "positions", "weights"))
+    # a traced slot size (one compile for the whole curriculum) gives the same batch
+    traced = jax.jit(slotted_transform, static_argnums=(2, 4))(key, batch, zc, jnp.int32(S), MASK)
+    assert_same(jax.tree.map(np.asarray, traced), a, "traced slot size ")
 
 
 def test_ordered_sampling_rises_with_slot_mean():
@@ -272,6 +275,8 @@ def test_bad_inputs():
         slotted_transform(jax.random.PRNGKey(0), batch, ZaryaConfig(), 0, MASK)
     with pytest.raises(ConfigError, match="mask_id"):
         slotted_transform(jax.random.PRNGKey(0), batch, ZaryaConfig(), 2, None)
+    with pytest.raises(ConfigError, match="slot_size"):
+        slotted_transform(jax.random.PRNGKey(0), batch, ZaryaConfig(), jnp.float32(2), MASK)
 
 
 # ----------------------------------------------------------------------------- batch format

@@ -160,6 +160,12 @@ def load(path: str | os.PathLike, shardings: Any = None) -> tuple[dict, ModelCon
         target = jax.tree.map(lambda m, s: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=s), stored, shardings)
     except ValueError as e:
         raise ValueError(f"shardings do not match the params tree of {path!r}: {e}") from e
-    params = ckptr.restore(params_dir, args=ocp.args.PyTreeRestore(
-        item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target)))
+    # One leaf per restore: TensorStore's read buffers then hold one param at a time, not the model.
+    params: dict = {}
+    for leaf_path, leaf in hf_params.leaves(target):
+        item: dict = {}
+        hf_params.set_path(item, leaf_path, leaf)
+        restored = ckptr.restore(params_dir, args=ocp.args.PyTreeRestore(
+            item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item), partial_restore=True))
+        hf_params.set_path(params, leaf_path, hf_params.get_path(restored, leaf_path))
     return params, config

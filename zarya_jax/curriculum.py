@@ -4,8 +4,9 @@ The slot size at a step is `slot_size_set[i]` for the first i with `progress <= 
 progress is `step / total_steps` when every border is <= 1 (fractions of training), else the raw
 step (absolute borders). Past the last border the last size is kept.
 
-The slot size fixes array shapes in the slotted transform, so the training loop passes it as a
-static Python int: one compile per distinct size (at most `len(slot_size_set)`).
+The slotted transform's shapes do not depend on the slot size: pass `slot_size_at` as a static int
+(one compile per distinct size, at most `len(slot_size_set)`) or `slot_size_at_traced` as a traced
+int32 (one compile for the whole curriculum).
 """
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -110,7 +111,7 @@ def fill(entry: Entry, hf_array: np.ndarray, out: np.ndarray, name: str | None =
         return
     flat = (math.prod(entry.in_shape), math.prod(entry.out_shape))
     view = out if out.shape == flat else out.reshape(flat)
-    if not np.shares_memory(view, out):  # a reshape that copied would silently drop the write
+    if not np.may_share_memory(view, out):  # a reshape that copied would silently drop the write
         raise ValueError(f"destination of {entry.hf!r} must be contiguous")
     view[...] = hf_array.T
 
@@ -125,7 +126,7 @@ def to_hf(entry: Entry, ours: np.ndarray, name: str | None = None) -> np.ndarray
 
 def get_path(tree: dict, path: tuple[str, ...]):
     for key in path:
-        if not isinstance(tree, dict) or key not in tree:
+        if not isinstance(tree, Mapping) or key not in tree:
             raise KeyError(f"params have no entry {'/'.join(path)!r}")
         tree = tree[key]
     return tree
@@ -140,7 +141,7 @@ def set_path(tree: dict, path: tuple[str, ...], value) -> None:
 def leaves(tree, prefix: tuple[str, ...] = ()):
     """Yields (path, leaf) of a nested dict."""
     for key, value in tree.items():
-        if isinstance(value, dict):
+        if isinstance(value, Mapping):  # dicts, and flax FrozenDicts
             yield from leaves(value, prefix + (key,))
         else:
             yield prefix + (key,), value

@@ -90,9 +90,10 @@ def zarya_loss(params, model_config: ModelConfig, zarya_config: ZaryaConfig, bat
     """Transform (SPEC §2 or §3) → model → loss. Returns (scalar fp32 loss, metrics dict of scalars).
 
     batch: [B, L] arrays (see `batch.py`); key: this step's key (e.g. fold_in(run_key, step));
-    slot_size: static int (ignored when not slotted). apply_fn(params, model_config, tokens, positions,
+    slot_size: static int, or a traced int32 scalar (one compile for the whole curriculum; ignored when
+    not slotted). apply_fn(params, model_config, tokens, positions,
     window_mask=...) -> (logits, …) like `model.apply` (the default); use it for remat/sharded variants.
-    Use under `jax.value_and_grad(zarya_loss, has_aux=True)` with the configs and slot_size static.
+    Use under `jax.value_and_grad(zarya_loss, has_aux=True)` with the configs (and an int slot_size) static.
     """
     inputs = transform(key, batch, zarya_config, slot_size, mask_id_of(model_config))
     apply_fn = model_lib.apply if apply_fn is None else apply_fn

@@ -101,7 +101,10 @@ def _slot_row(draws, tokens, segment_ids, positions, answer_mask, *, zc: ZaryaCo
 
 
 def _check_args(slot_size, mask_id):
-    if not isinstance(slot_size, (int, np.integer)) or isinstance(slot_size, bool) or slot_size < 1:
+    if isinstance(slot_size, jax.Array):  # traced slot size (e.g. `curriculum.slot_size_at_traced`)
+        if slot_size.shape != () or not jnp.issubdtype(slot_size.dtype, jnp.integer):
+            raise ConfigError(f"slot_size: expected an int scalar, got {slot_size.dtype}{list(slot_size.shape)}")
+    elif not isinstance(slot_size, (int, np.integer)) or isinstance(slot_size, bool) or slot_size < 1:
         raise ConfigError(f"slot_size={slot_size!r}: expected a positive int (static under jit)")
     if mask_id is None:
         raise ConfigError("mask_id is None: the slotted transform needs the <mdm_mask> token id "
@@ -111,6 +114,9 @@ def _check_args(slot_size, mask_id):
 def slotted_transform_from_draws(draws: dict, batch: dict, zarya_config: ZaryaConfig, slot_size: int,
                                  mask_id: int) -> dict[str, Array]:
     """The slotted transform (SPEC §2) as a pure function of `draw_slot_noise`'s draws.
+
+    No shape depends on `slot_size`: pass a static int (one compile per size) or a traced int32 scalar
+    (one compile for the whole curriculum).
 
     batch: tokens/segment_ids/positions [B, L] int, answer_mask [B, L] bool (see `batch.py`).
     Returns, all in physical order:
@@ -122,7 +128,9 @@ def slotted_transform_from_draws(draws: dict, batch: dict, zarya_config: ZaryaCo
       (all True: every row counts for per-example statistics).
     """
     _check_args(slot_size, mask_id)
-    row = jax.vmap(lambda d, t, s, p, m: _slot_row(d, t, s, p, m, zc=zarya_config, slot_size=int(slot_size),
+    if not isinstance(slot_size, jax.Array):
+        slot_size = int(slot_size)
+    row = jax.vmap(lambda d, t, s, p, m: _slot_row(d, t, s, p, m, zc=zarya_config, slot_size=slot_size,
                                                    mask_id=int(mask_id)))
     out = row(draws, batch["tokens"], batch["segment_ids"], batch["positions"],
               jnp.asarray(batch["answer_mask"], bool))

@@ -78,7 +78,7 @@ def finish(out: Array, generated: Array, eos: int | None, gcfg: GenerationConfig
 
 
 def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: GenerationConfig,
-        debug: bool = False) -> dict:
+        debug: bool = False, dyn: dict | None = None) -> dict:
     """AR decode. tokens int32 [B, P] right-padded, lengths [B]. Returns {'tokens' [B, G], 'lengths',
     'num_forward_passes' [B], 'loop_passes'} (+ 'trace': {'logits' [G, B, V]} — the logits each
     token was sampled from — when debug)."""
@@ -128,7 +128,7 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
 
 
 def run_uncached(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: GenerationConfig,
-                 debug: bool = False) -> dict:
+                 debug: bool = False, dyn: dict | None = None) -> dict:
     """AR decode without a KV cache: every step is one causal pass over the whole [B, P + G] buffer.
     Same outputs as `run` (up to float rounding); used as the uncached baseline."""
     b, p = tokens.shape

@@ -2,7 +2,9 @@
 
 Each mode is one `jax.jit` with the model config, the generation config and `debug` static, so a
 program is compiled once per (batch size, prompt bucket, model config, generation config) and a call
-with new prompts of the same bucket reuses it. `TRACE_COUNTS[mode]` counts traces (for tests).
+with new prompts of the same bucket reuses it. Mode B's thresholds (`slot_threshold`,
+`token_threshold`) are passed as traced scalars instead, so sweeping them reuses one program.
+`TRACE_COUNTS[mode]` counts traces (for tests).
 """
 from __future__ import annotations
 
@@ -17,15 +19,16 @@ from .config import GenerationConfig, GenerationOutput
 from .prompts import pad_prompts
 
 TRACE_COUNTS: collections.Counter = collections.Counter()
+DYNAMIC_FIELDS = ("slot_threshold", "token_threshold")
 _RUNNERS = {"ar": ar.run, "ar_uncached": ar.run_uncached, "mdm": mdm.run, "slotted": slotted.run}
 
 
 def _make_jitted(name: str):
     runner = _RUNNERS[name]
 
-    def traced(params, tokens, lengths, key, *, config, gcfg, debug):
+    def traced(params, tokens, lengths, key, dyn, *, config, gcfg, debug):
         TRACE_COUNTS[name] += 1  # runs only while tracing
-        return runner(params, tokens, lengths, key, config=config, gcfg=gcfg, debug=debug)
+        return runner(params, tokens, lengths, key, config=config, gcfg=gcfg, debug=debug, dyn=dyn)
 
     return jax.jit(traced, static_argnames=("config", "gcfg", "debug"))
 
@@ -57,7 +60,9 @@ def generate(params, config, prompts, generation_config: GenerationConfig, key, 
     eos, pad = ar.special_ids(config, gc)
     tokens, lengths = pad_prompts(prompts, gc.prompt_bucket, pad)
     name = mode if use_cache else "ar_uncached"
-    raw = _JITTED[name](params, jnp.asarray(tokens), jnp.asarray(lengths), key, config=config, gcfg=gc,
+    dyn = {f: jnp.float32(getattr(gc, f)) for f in DYNAMIC_FIELDS}
+    static_gc = gc.replace(**{f: 0.0 for f in DYNAMIC_FIELDS})  # traced instead: no recompile per value
+    raw = _JITTED[name](params, jnp.asarray(tokens), jnp.asarray(lengths), key, dyn, config=config, gcfg=static_gc,
                         debug=debug)
     raw = jax.device_get(raw)
     out_lengths = np.asarray(raw["lengths"], np.int32)

@@ -67,7 +67,7 @@ def plan(key: Array, gcfg: GenerationConfig, batch: int) -> tuple[Array, Array, 
 
 
 def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: GenerationConfig,
-        debug: bool = False) -> dict:
+        debug: bool = False, dyn: dict | None = None) -> dict:
     """Mode A decode. tokens int32 [B, P] right-padded, lengths [B]. Returns tokens [B, M] (logical),
     lengths, num_forward_passes [B] (prefill included), loop_passes, order [B, M], num_diffusion [B];
     with debug a per-pass 'trace' (logits/tokens/positions/valid [S, B, 2K, ·], cache_len [S, B])."""

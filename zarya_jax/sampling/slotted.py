@@ -66,8 +66,9 @@ def _append(buf: Array, length: Array, values: Array, keep: Array) -> Array:
 
 
 def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: GenerationConfig,
-        debug: bool = False) -> dict:
-    """Mode B decode. tokens int32 [B, P] right-padded, lengths [B]. Returns tokens [B, G] (logical),
+        debug: bool = False, dyn: dict | None = None) -> dict:
+    """Mode B decode. tokens int32 [B, P] right-padded, lengths [B]. `dyn` may hold the thresholds as
+    traced scalars ({'slot_threshold', 'token_threshold'}); otherwise gcfg's values are used. Returns tokens [B, G] (logical),
     lengths, num_forward_passes [B] (prefill included), loop_passes, physical_tokens/positions
     [B, P + G] (the cache's rows in physical order, −1 after), plans [B]; with debug a per-pass trace."""
     b, p = tokens.shape
@@ -82,7 +83,9 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
     greedy_cfg = gcfg.replace(temperature=0.0)
     greedy = ar.sampler(config, greedy_cfg)
     stop = eos is not None and gcfg.stop_at_eos
-    tau_s, tau_t = gcfg.slot_threshold, gcfg.token_threshold
+    dyn = dyn or {}
+    tau_s = dyn.get("slot_threshold", gcfg.slot_threshold)
+    tau_t = dyn.get("token_threshold", gcfg.token_threshold)
 
     _, cache = ar.prefill(params, config, tokens, lengths, lc)
     prompt_valid = jnp.arange(p)[None, :] < lengths[:, None]

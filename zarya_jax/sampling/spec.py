@@ -31,6 +31,7 @@ is c0, always 1).
 from __future__ import annotations
 
 import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
