@@ -216,8 +216,16 @@ def write_tables(rows: list[dict], workdir: str, title: str) -> list[str]:
             return f"{v:.4g}"
         return "" if v is None else str(v)
 
-    md = [f"# {title}\n", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    md += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
+    # The Markdown table keeps the settings that vary across runs (plus every metric); the ones
+    # shared by all runs are listed once above it. The CSV keeps everything.
+    metrics = {c for c in columns if "/" in c or c.startswith("train_") or c == "wall_s"}
+    varying = [c for c in columns if c == "run" or c in metrics or len({fmt(r.get(c)) for r in rows}) > 1]
+    common = [c for c in columns if c not in varying]
+    md = [f"# {title}\n"]
+    if common and rows:
+        md += ["Common settings: " + ", ".join(f"`{c}={fmt(rows[0].get(c))}`" for c in common) + "\n"]
+    md += ["| " + " | ".join(varying) + " |", "|" + "---|" * len(varying)]
+    md += ["| " + " | ".join(fmt(r.get(c)) for c in varying) + " |" for r in rows]
     atomic_write(os.path.join(workdir, "results.md"), "\n".join(md) + "\n")
     written = [os.path.join(workdir, "results.csv"), os.path.join(workdir, "results.md")]
     if rows:

@@ -173,7 +173,7 @@ def test_trainer_updates_only_the_adapter(tmp_path):
             "--block-sizes", "2,4", "--set", f"data.train={data}", "--set", "data.max_length=32",
             "--set", "data.batch_size=8", "--set", "data.chat_template=false", "--set", "train.steps=4",
             "--set", "train.save_every=2", "--set", "train.eval_every=0", "--set", "train.progress_bar=false",
-            "--set", "optim.warmup_steps=0", "--set", "optim.lr=1e-2", "--set", "mesh.num_devices=2"]
+            "--set", "optim.warmup_steps=0", "--set", "optim.lr=0.01", "--set", "mesh.num_devices=2"]
     assert train_drafter.main(argv) == 0
     adapter, cfg = lora_lib.load(work / "adapter")
     assert cfg.rank == 4 and lora_lib.metadata(work / "adapter")["noise"] == "uniform"

@@ -205,7 +205,8 @@ def init_params(config: ModelConfig, key: Array, lora: LoraConfig | None = None)
     """Random params (and LoRA params when `lora` is given) with the shapes a checkpoint has."""
     tokens = jnp.zeros((1, 2), jnp.int32)
     k1, k2 = jax.random.split(key)
-    variables = Qwen3(config, lora).init({"params": k1, "lora": k2}, tokens)
+    # jit: an eager init of the scanned layers runs op by op and is many times slower.
+    variables = jax.jit(lambda r: Qwen3(config, lora).init(r, tokens))({"params": k1, "lora": k2})
     if lora is None:
         return variables["params"]
     return variables["params"], variables["lora"]
