@@ -34,6 +34,9 @@ from zarya_jax.config import LoraConfig, ModelConfig
 
 LETTERS = 97  # 'a'
 ALPHABET = 26
+TINY_CONFIG = ModelConfig(vocab_size=264, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                          num_kv_heads=2, head_dim=16, max_position_embeddings=1024, mask_token_id=259,
+                          eos_token_id=258, pad_token_id=256, tie_word_embeddings=False)
 BENCH_CONFIG = ModelConfig(vocab_size=264, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
                            num_kv_heads=2, head_dim=32, max_position_embeddings=1024, mask_token_id=259,
                            eos_token_id=258, pad_token_id=256, tie_word_embeddings=False)
@@ -125,11 +128,14 @@ def _timed(fn):
 def run(ckpt: str | None = None, adapter: str | None = None, *, draft_lengths=(4, 8, 16), batch_sizes=(1, 8, 32),
         max_new_tokens: int = 128, prompt_length: int = 16, temperature: float = 0.0, repeats: int = 3,
         drafters=("lora", "self"), pretrain_steps: int = 300, drafter_steps: int = 200, lora_rank: int = 16,
-        lora_alpha: float = 256.0, seed: int = 0, prompts_file: str | None = None, log=print) -> dict:
+        lora_alpha: float = 256.0, seed: int = 0, prompts_file: str | None = None, size: str = "small",
+        train_length: int = 64, log=print) -> dict:
     """Measures Ψ-Spec against the AR sampler (module doc). Returns {'setup': …, 'results': [row, …]}
     with one row per (drafter, F, batch): accepted_per_cycle, tokens_per_cycle, tokens_per_forward,
     acceptance_by_position, ar_s, spec_s (best of `repeats`), speedup = ar_s / spec_s.
 
+    size: the synthetic model, "small" (4 layers × 128d) or "tiny" (2 × 64d; minutes on a busy CPU);
+    train_length: sequence length of its pretraining and drafter batches.
     prompts_file: a JSONL of prompt/answer or messages records (as `experiments.evaluate`), tokenized
     with the checkpoint's tokenizer (byte when it has none); default: synthetic letter prompts."""
     from zarya_jax.sampling import GenerationConfig, generate
@@ -145,10 +151,12 @@ def run(ckpt: str | None = None, adapter: str | None = None, *, draft_lengths=(4
         params, config = ckpt_lib.load(ckpt)
         setup["model"] = os.path.abspath(ckpt)
     else:
-        config = BENCH_CONFIG
+        if size not in ("small", "tiny"):
+            raise ValueError(f"size={size!r}: expected 'small' or 'tiny'")
+        config = BENCH_CONFIG if size == "small" else TINY_CONFIG
         t0 = time.perf_counter()
-        params, loss = pretrain_ar(config, steps=pretrain_steps, batch=32, length=64, lr=3e-3, mdm_weight=1.0,
-                                   seed=seed)
+        params, loss = pretrain_ar(config, steps=pretrain_steps, batch=32 if size == "small" else 16,
+                                   length=train_length, lr=3e-3 if size == "small" else 1e-2, mdm_weight=1.0, seed=seed)
         setup["model"] = (f"synthetic: {config.num_layers}×{config.hidden_size}d Qwen3, {pretrain_steps} steps AR+MDM "
                           f"on stride-letter text (final loss {loss:.3f}, {time.perf_counter() - t0:.0f}s)")
     log(f"model: {setup['model']}")
@@ -161,7 +169,8 @@ def run(ckpt: str | None = None, adapter: str | None = None, *, draft_lengths=(4
             lora = LoraConfig(rank=lora_rank, alpha=lora_alpha)
             t0 = time.perf_counter()
             lora_params, losses = fit_adapter(params, config, lora, drafter_lib.DrafterConfig(), steps=drafter_steps,
-                                              batch=16, length=64, lr=3e-3, seed=seed)
+                                              batch=16, length=train_length, lr=3e-3 if size == "small" else 1e-2,
+                                              seed=seed)
             setup["adapter"] = (f"rank {lora.rank} alpha {lora.alpha}, {drafter_steps} TV steps with the 2→16 block "
                                 f"curriculum (loss {np.mean(losses[:10]):.3f} → {np.mean(losses[-10:]):.3f}, "
                                 f"{time.perf_counter() - t0:.0f}s)")
@@ -244,6 +253,8 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-length", type=int, default=16)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--size", choices=("small", "tiny"), default="small", help="the synthetic model's size")
+    p.add_argument("--train-length", type=int, default=64, help="sequence length of the synthetic training")
     p.add_argument("--pretrain-steps", type=int, default=300)
     p.add_argument("--drafter-steps", type=int, default=200)
     p.add_argument("--prompts-file", default=None, help="JSONL of prompt/answer records to use as prompts")
@@ -261,7 +272,7 @@ def main(argv=None) -> int:
                      batch_sizes=_ints(args.batch_sizes, "--batch-sizes"), max_new_tokens=args.max_new_tokens,
                      prompt_length=args.prompt_length, temperature=args.temperature, repeats=args.repeats,
                      drafters=drafters, pretrain_steps=args.pretrain_steps, drafter_steps=args.drafter_steps,
-                     prompts_file=args.prompts_file)
+                     prompts_file=args.prompts_file, size=args.size, train_length=args.train_length)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,6 +1,6 @@
 """The main job: train a tiny Zarya on the embedded arithmetic task, then compare every decoding mode.
 
-    python -m experiments.quickstart                       # ≈10 min on a 2-core CPU
+    python -m experiments.quickstart                       # 600 steps: ~12 CPU-minutes on 2 cores
     python -m experiments.quickstart --steps 6000          # a longer run
     python -m experiments.quickstart --minutes 20          # pick the step count for a time budget
     python -m experiments.quickstart --ckpt runs/quickstart/train/final   # evaluate an existing checkpoint

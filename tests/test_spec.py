@@ -181,7 +181,7 @@ def test_first_two_tokens_joint_distribution(drafter):
 
     n = 60_000
     gc = GenerationConfig(mode="spec", max_new_tokens=2, temperature=1.0, draft_length=3, drafter=drafter)
-    tokens = jnp.broadcast_to(jnp.asarray(prompt + [0] * 12, jnp.int32), (n, 16))
+    tokens = jnp.broadcast_to(jnp.asarray(prompt, jnp.int32), (n, len(prompt)))
     raw = spec.spec_decode(params, lp if drafter == "lora" else None, tokens, jnp.full((n,), len(prompt), jnp.int32),
                            jax.random.PRNGKey(13), jnp.int32(2), config=SMALL, gcfg=gc,
                            lora=small_lora if drafter == "lora" else None)

@@ -176,7 +176,7 @@ class Qwen3(nn.Module):
                 valid = jnp.arange(s)[None, :] < cache["length"][:, None]
                 cache_mask = jnp.broadcast_to(valid[:, None, :], (b, t, s))
 
-        embed = self.param("embed", nn.initializers.normal(1.0), (c.vocab_size, c.hidden_size),
+        embed = self.param("embed", nn.initializers.normal(0.02), (c.vocab_size, c.hidden_size),
                            c.jnp_param_dtype)
         x = jnp.take(embed, tokens, axis=0).astype(c.jnp_dtype)
 
