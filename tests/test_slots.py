@@ -97,15 +97,21 @@ def ref_slotted(draws, batch, zc, S, mask_id):
             if zc.diffusion_shuffle:
                 masked.sort(key=lambda k: (d["key_masked"][b, slots[k][0]], k))
             for i in prompt:
-                emit(i, tok[i], 0, 0.0, False, 0.0, 0.0)
+                boundary = zc.boundary_targets and i == prompt[-1] and n > 0
+                emit(i, tok[i], tok[answer[0]] if boundary else 0, 1.0 if boundary else 0.0, False, 0.0, 0.0)
             def p_tok(j, m):  # per-token p_mask of every answer token (the ordered one rises in the slot)
                 return f32(p + min(p, 1 - p) * f32(2 * j + 1 - m) / f32(m)) if zc.ordered_sampling else p
 
             for k in clean:
                 sl = slots[k]
                 for j, i in enumerate(sl):
-                    last = j == len(sl) - 1
-                    emit(i, tok[i], 0 if last else tok[sl[j + 1]], 0.0 if last else 1.0, False, n,
+                    nxt = sl[j + 1] if j + 1 < len(sl) else None
+                    if nxt is None and zc.boundary_targets and k + 1 < len(slots):
+                        # the next slot's first token, unless that slot is clean and laid out before this one
+                        key = lambda m: (d["key_clean"][b, slots[m][0]], m)  # noqa: E731
+                        if is_masked[k + 1] or not zc.sequential_shuffle or key(k + 1) > key(k):
+                            nxt = slots[k + 1][0]
+                    emit(i, tok[i], 0 if nxt is None else tok[nxt], 0.0 if nxt is None else 1.0, False, n,
                          p_tok(j, len(sl)))
             for k in masked:
                 sl = slots[k]
@@ -127,6 +133,7 @@ CONFIGS = [
     (ZaryaConfig(sequential_shuffle=True, diffusion_shuffle=True, ordered_sampling=True), 4),
     (ZaryaConfig(ordered_sampling=True, diffusion_shuffle=True, eps=0.2), 1),
     (ZaryaConfig(sequential_shuffle=True), 8),
+    (ZaryaConfig(boundary_targets=False, sequential_shuffle=True, ordered_sampling=True), 3),
 ]
 
 

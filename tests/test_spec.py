@@ -113,7 +113,7 @@ def test_trained_drafter_accepts_more():
 
     rows = synthetic_tokens(rng, len(PROMPT_LENGTHS), max(PROMPT_LENGTHS))
     prompts = [list(map(int, r[:n])) for r, n in zip(rows, PROMPT_LENGTHS)]
-    gc = GenerationConfig(mode="spec", max_new_tokens=24, eos_token_id=97 + 25, draft_length=5)
+    gc = GenerationConfig(mode="spec", max_new_tokens=10, eos_token_id=97 + 25, draft_length=5)
     acc = {name: generate(params, CFG, prompts, gc, jax.random.PRNGKey(2), lora_params=lp, lora=LORA).stats
            for name, lp in (("untrained", untrained), ("trained", trained))}
     assert acc["trained"]["accepted_per_cycle"] > acc["untrained"]["accepted_per_cycle"] + 0.5, acc

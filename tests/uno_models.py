@@ -20,7 +20,7 @@ CFG = ModelConfig(vocab_size=264, hidden_size=64, intermediate_size=128, num_lay
                   head_dim=16, max_position_embeddings=512, mask_token_id=259, eos_token_id=258, pad_token_id=256,
                   tie_word_embeddings=False)
 LORA = LoraConfig(rank=8, alpha=64.0)
-DCFG = drafter_lib.DrafterConfig(block_sizes=(2, 4, 6, 8))
+DCFG = drafter_lib.DrafterConfig(block_sizes=(2, 4, 6))
 
 
 @functools.lru_cache(None)
@@ -38,5 +38,5 @@ def trained_model():
 def adapters():
     """(untrained adapter, trained adapter, TV losses during training)."""
     untrained = lora_lib.init_lora(CFG, LORA, jax.random.PRNGKey(1))
-    trained, losses = fit_adapter(trained_model(), CFG, LORA, DCFG, steps=40, lr=1e-2, lora_params=untrained)
+    trained, losses = fit_adapter(trained_model(), CFG, LORA, DCFG, steps=120, lr=1e-2, lora_params=untrained)
     return untrained, trained, losses

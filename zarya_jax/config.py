@@ -93,6 +93,10 @@ class ZaryaConfig:
     max_span_length: int = 8
     noise_sorting: bool = False
     slotted_training: bool = True
+    # AR targets across slot boundaries (prompt → first answer token, last token of a clean slot →
+    # next logical token). ReFusion (SPEC §2.4) gives them none, which leaves every slot-start transition
+    # untrained for AR decoding and self-speculation; False reproduces ReFusion exactly.
+    boundary_targets: bool = True
     slot_size_set: tuple[int, ...] = (2, 4, 8, 16, 32, 64)
     slot_step_borders: tuple[float, ...] = (0.06, 0.2, 0.4, 0.6, 0.8, 1.0)
     antithetic_sampling: bool = False

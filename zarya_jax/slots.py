@@ -5,7 +5,9 @@ Per example (prompt + answer, only the answer supervised):
   * `p_mask = eps + (1 - eps)·u`, u ~ U(0, 1), per example; each slot is masked independently with
     probability p_mask (Bernoulli per slot);
   * clean slots keep their tokens; AR convention, targets next-token *within the slot* (the last token
-    of a clean slot has no target), weight 1;
+    of a clean slot has no target), weight 1 — ReFusion's rule, `boundary_targets=False`. By default
+    (`boundary_targets=True`, a deviation from SPEC §2.4) the last token of a clean slot and the last
+    prompt token also get the next logical token as target, so AR decoding learns every transition;
   * masked slots become all `mask_id`; MDM convention, target = the token itself, weight 1/p_tok where
     p_tok = p_mask, or with `ordered_sampling`
         p_tok(j) = p + min(p, 1 - p) · (2j + 1 - n) / n,   j = 0 … n-1 inside a slot of n tokens,
@@ -71,8 +73,20 @@ def _slot_row(draws, tokens, segment_ids, positions, answer_mask, *, zc: ZaryaCo
     clean = answer_mask & ~masked
 
     # AR targets stay inside the slot: the next physical token of the original row is the next
-    # logical token of the same slot whenever j < slot_len - 1.
+    # logical token of the same slot whenever j < slot_len - 1. With `boundary_targets` the last
+    # token of a clean slot and the last prompt token also predict the next logical answer token
+    # (a label only: the attention mask never shows it to the row).
+    # The boundary target is only a label if the next slot is not visible to the row: it is masked,
+    # or clean and laid out physically later (always without `sequential_shuffle`; with it, when its
+    # shuffle key sorts after this slot's, ties keeping logical order).
     has_ar = clean & (j < slot_len - 1)
+    if zc.boundary_targets:
+        last_prompt = (segment_ids > 0) & ~answer_mask & (idx + 1 == lay["ans_start"]) & (n > 0)
+        next_first = jnp.clip(slot_first + slot_size, 0, length - 1)
+        later = draws["key_clean"][next_first] >= draws["key_clean"][slot_first] if zc.sequential_shuffle else True
+        next_hidden = masked[next_first] | later
+        at_boundary = clean & (j == slot_len - 1) & (a < n - 1) & next_hidden
+        has_ar = has_ar | at_boundary | last_prompt
     next_tok = jnp.roll(tokens, -1)
     targets = jnp.where(masked, tokens, jnp.where(has_ar, next_tok, 0)).astype(jnp.int32)
     weights = jnp.where(masked, 1.0 / p_tok, jnp.where(has_ar, 1.0, 0.0)).astype(jnp.float32)
