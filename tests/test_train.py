@@ -246,3 +246,11 @@ def test_init_from_checkpoint_and_final_export(tmp_path, tiny_config, tiny_param
     assert config.num_layers == tiny_config.num_layers  # structure from the checkpoint, not the config
     for a, b in zip(jax.tree.leaves(tiny_params), jax.tree.leaves(params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_overrides_parse_yaml_numbers():
+    run = rc.load("tiny", ["optim.lr=1e-2", "optim.warmup_steps=3", "zarya.slot_size_set=2,4",
+                           "zarya.slot_step_borders=0.5,1"])
+    assert run.optim.lr == 0.01 and run.optim.warmup_steps == 3 and run.zarya.slot_size_set == (2, 4)
+    with pytest.raises(ConfigError, match="optim.lr"):
+        rc.load("tiny", ["optim.lr=fast"])

@@ -101,6 +101,12 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         if not isinstance(value, (list, tuple)):
             value = [value]
         return tuple(_coerce(key, v, args[0]) for v in value)
+    if tp in (int, float) and isinstance(value, str):
+        # YAML 1.1 reads `1e-3` (no dot) as a string, and `2,4` splits into strings
+        try:
+            value = float(value)
+        except ValueError:
+            pass
     if tp is bool:
         if isinstance(value, bool):
             return value
