@@ -159,7 +159,7 @@ def test_overfit_handful_of_examples(tmp_path, slotted, cache_dir):
             f.write(json.dumps({"prompt": p + ":", "answer": a}) + "\n")
     cfg = rc.build({"model": "tiny"}, {
         "data.train": str(path), "data.max_length": 12, "data.batch_size": 4, "mesh.num_devices": 1,
-        "optim.lr": 1e-2, "optim.warmup_steps": 10, "optim.schedule": "constant", "optim.weight_decay": 0.0,
+        "optim.lr": 1e-2, "optim.warmup_steps": 10, "optim.schedule": "cosine", "optim.weight_decay": 0.0,
         "train.steps": 200, "train.log_every": 10, "train.save_every": 0, "train.keep_best": 0,
         "train.export_final": False, "train.progress_bar": False, "zarya.slotted_training": slotted,
         "zarya.slot_size_set": [2], "zarya.slot_step_borders": [1.0]})
