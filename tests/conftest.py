@@ -27,3 +27,19 @@ def tiny_params(tiny_config):
 @pytest.fixture(scope="session")
 def zarya_config() -> ZaryaConfig:
     return ZaryaConfig()
+
+
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory):
+    """Session-wide persistent compile cache, so tests (and their subprocesses) that compile the same
+    step share one compile; the settings are restored after the module."""
+    path = tmp_path_factory.getbasetemp() / "jax_compile_cache"
+    path.mkdir(exist_ok=True)
+    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+             "jax_persistent_cache_min_entry_size_bytes")
+    old = {k: getattr(jax.config, k) for k in names}
+    for k, v in zip(names, (str(path), 0.0, 0)):
+        jax.config.update(k, v)
+    yield str(path)
+    for k, v in old.items():
+        jax.config.update(k, v)

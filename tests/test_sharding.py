@@ -102,20 +102,6 @@ COMMON = {"data.max_length": 24, "data.batch_size": 8, "optim.grad_accum_steps":
           "zarya.slot_size_set": [2], "zarya.slot_step_borders": [1.0]}
 
 
-@pytest.fixture(scope="module")
-def compile_cache(tmp_path_factory):
-    path = tmp_path_factory.getbasetemp() / "jax_compile_cache"
-    path.mkdir(exist_ok=True)
-    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-             "jax_persistent_cache_min_entry_size_bytes")
-    old = {k: getattr(jax.config, k) for k in names}
-    for k, v in zip(names, (str(path), 0.0, 0)):
-        jax.config.update(k, v)
-    yield str(path)
-    for k, v in old.items():
-        jax.config.update(k, v)
-
-
 def test_sharded_training_matches_one_device(tmp_path, compile_cache):
     _write_data(tmp_path / "d.jsonl")
     base = {**COMMON, "data.train": str(tmp_path / "d.jsonl"), "train.save_every": 0}

@@ -26,21 +26,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    """Session-wide persistent compile cache (shared with test_sharding.py and the subprocess)."""
-    path = tmp_path_factory.getbasetemp() / "jax_compile_cache"
-    path.mkdir(exist_ok=True)
-    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-             "jax_persistent_cache_min_entry_size_bytes")
-    old = {k: getattr(jax.config, k) for k in names}
-    for k, v in zip(names, (str(path), 0.0, 0)):
-        jax.config.update(k, v)
-    yield str(path)
-    for k, v in old.items():
-        jax.config.update(k, v)
-
-
-@pytest.fixture(scope="module")
 def data_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("data") / "train.jsonl"
     rng = np.random.default_rng(0)
@@ -85,13 +70,13 @@ def _params(summary):
     return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(summary["state"]["params"]))]
 
 
-def test_exact_resume_after_sigkill_and_sigterm(tmp_path, data_file, cache_dir):
+def test_exact_resume_after_sigkill_and_sigterm(tmp_path, data_file, compile_cache):
     overrides = resume_overrides(data_file)
     cfg = rc.build({"model": "tiny"}, overrides)
 
     # 1) a real process, SIGKILLed after checkpoint 3 is complete
     killed = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(killed), json.dumps(overrides), cache_dir],
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(killed), json.dumps(overrides), compile_cache],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.time() + 480
     while not (killed / "checkpoints" / "3" / "state").is_dir():
@@ -152,7 +137,7 @@ def test_exact_resume_after_sigkill_and_sigterm(tmp_path, data_file, cache_dir):
 
 
 @pytest.mark.parametrize("slotted", [True, False])
-def test_overfit_handful_of_examples(tmp_path, slotted, cache_dir):
+def test_overfit_handful_of_examples(tmp_path, slotted, compile_cache):
     path = tmp_path / "few.jsonl"
     with open(path, "w") as f:
         for p, a in [("cat", "meow!"), ("dog", "woof"), ("cow", "moo"), ("owl", "hoot")]:
