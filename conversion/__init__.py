@@ -1,6 +1,6 @@
 """Hugging Face ⇄ zarya_jax checkpoint converters (`python -m conversion.hf_to_jax` / `jax_to_hf`).
 
-The tensor-name table lives in `zarya_jax.hf_params`; this package does file handling and CLIs.
+The tensor-name table lives in `zarya_jax.nn.hf_params`; this package does file handling and CLIs.
 """
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
 from safetensors import SafetensorError
 
 from zarya_jax.config import ConfigError
-from zarya_jax.hf_params import ShapeError
+from zarya_jax.files import atomic_directory
+from zarya_jax.nn.hf_params import ShapeError
 
 # Tokenizer files a Hugging Face model directory may carry; copied both ways unchanged.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -77,13 +77,8 @@ def staging_dir(out: str) -> Iterator[str]:
     parent = os.path.dirname(out)
     if not os.path.isdir(parent):
         raise ConversionError(f"parent directory {parent!r} of the output does not exist")
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", suffix=".tmp", dir=parent)
-    try:
+    with atomic_directory(out) as tmp:
         yield tmp
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def note(message: str) -> None:

@@ -20,8 +20,9 @@ import tempfile
 import numpy as np
 from safetensors import safe_open
 
-from zarya_jax import checkpoint, hf_params
+from zarya_jax import checkpoint
 from zarya_jax.config import ModelConfig, from_hf_dict
+from zarya_jax.nn import hf_params
 
 from . import ConversionError, copy_tokenizer_files, check_new_output, note, read_json, run_cli
 

@@ -21,8 +21,9 @@ import struct
 import jax
 import numpy as np
 
-from zarya_jax import checkpoint, hf_params
+from zarya_jax import checkpoint
 from zarya_jax.config import ModelConfig, to_hf_dict
+from zarya_jax.nn import hf_params
 
 from . import ConversionError, check_new_output, run_cli, staging_dir
 

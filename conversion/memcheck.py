@@ -20,8 +20,8 @@ import tempfile
 import numpy as np
 import safetensors.numpy
 
-from zarya_jax import hf_params
 from zarya_jax.config import ModelConfig, to_hf_dict
+from zarya_jax.nn import hf_params
 
 
 def config_of_size(size_bytes: float, itemsize: int) -> ModelConfig:

@@ -1,4 +1,9 @@
-"""zarya_jax: Zarya (hybrid AR / masked-diffusion LM on Qwen3) and Uno's Ψ-Spec in JAX/Flax."""
+"""zarya_jax: Zarya (hybrid AR / masked-diffusion LM on Qwen3) and Uno's Ψ-Spec in JAX/Flax.
+
+Subpackages, each importing only those below it: `train`, `sampling`, `eval` → `objectives` → `nn`,
+`data` → `config`, `overrides`, `files`. `model`, `checkpoint` and `lora` are the stable names of
+`nn.model`, `nn.checkpoint` and `nn.lora`; `testing` holds the fixtures the tests and benchmarks share.
+"""
 from .config import LoraConfig, ModelConfig, ZaryaConfig, preset
 
 __version__ = "0.1.0"

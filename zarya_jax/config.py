@@ -127,16 +127,27 @@ class ZaryaConfig:
         return dataclasses.replace(self, **changes)
 
 
+LORA_NOISE = ("uniform", "mask")
+
+
 @dataclasses.dataclass(frozen=True)
 class LoraConfig:
-    """Gated LoRA on the seven projections (SPEC §7); the update is scaled by alpha / rank."""
+    """Gated LoRA on the seven projections (SPEC §7); the update is scaled by alpha / rank.
+
+    `noise` is the adapter's input convention, fixed by its training and saved with it: the draft rows
+    hold uniform random ids ("uniform", never the mask id) or the mask token ("mask"), in training
+    (`objectives.drafter`) and in the Ψ-Spec draft pass (`sampling.spec`) alike.
+    """
 
     rank: int = 128
     alpha: float = 2048.0
+    noise: str = "uniform"
 
     def __post_init__(self):
         if self.rank < 1:
             raise ConfigError(f"LoraConfig.rank={self.rank}: expected ≥ 1")
+        if self.noise not in LORA_NOISE:
+            raise ConfigError(f"LoraConfig.noise={self.noise!r}: expected one of {LORA_NOISE}")
 
     @property
     def scale(self) -> float:

@@ -1,10 +1,10 @@
 """Supervised data: JSONL records → tokenized (prompt, answer) examples → grain pipelines of fixed-shape
-batches in the format of `zarya_jax.batch` (SPEC §2–§3 train on prompt + answer, answer supervised).
+batches in the format of `zarya_jax.data.batch` (SPEC §2–§3 train on prompt + answer, answer supervised).
 
 Records, one JSON object per line: `{"prompt": str, "answer": str}` or chat
 `{"messages": [{"role", "content"}, …]}` whose last message is the assistant's answer. With a Hugging
 Face tokenizer that has a chat template, the prompt goes through it (a prompt/answer record becomes
-one user turn); otherwise the plain "role: content" fallback of `tokenizer.py` is used for chats and
+one user turn); otherwise the plain "role: content" fallback of `data.tokenizer` is used for chats and
 the raw prompt text for prompt/answer records. EOS is appended to the answer.
 
 Files are read, validated (line numbers in errors) and tokenized once at startup, so every error and
@@ -24,7 +24,8 @@ from typing import Any, Iterator, Sequence
 import grain
 import numpy as np
 
-from .config import ConfigError
+from ..config import ConfigError
+from .tokenizer import plain_chat
 
 
 class DataError(ValueError):
@@ -122,8 +123,7 @@ def _texts(kind: str, value, tokenizer, use_template: bool) -> tuple[str, str]:
     if kind == "chat":
         if use_template:
             return tokenizer.apply_chat_template(value)
-        from .tokenizer import _plain_chat
-        return _plain_chat(value)
+        return plain_chat(value)
     prompt, answer = value
     if use_template and getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template([{"role": "user", "content": prompt},

@@ -25,7 +25,7 @@ class ByteTokenizer:
 
     def apply_chat_template(self, messages: list[dict]) -> tuple[str, str]:
         """Plain-text fallback: returns (prompt, answer) from user/assistant turns."""
-        return _plain_chat(messages)
+        return plain_chat(messages)
 
     def save(self, directory: str) -> None:
         os.makedirs(directory, exist_ok=True)
@@ -33,7 +33,7 @@ class ByteTokenizer:
             json.dump({"type": "byte"}, f)
 
 
-def _plain_chat(messages: list[dict]) -> tuple[str, str]:
+def plain_chat(messages: list[dict]) -> tuple[str, str]:
     if not messages or messages[-1].get("role") != "assistant":
         raise ValueError("a chat record must end with an assistant message (the supervised answer)")
     prompt = "".join(f"{m['role']}: {m['content']}\n" for m in messages[:-1]) + "assistant: "
@@ -66,7 +66,7 @@ class HFTokenizer:
 
     def apply_chat_template(self, messages: list[dict]) -> tuple[str, str]:
         if not self.chat_template:
-            return _plain_chat(messages)
+            return plain_chat(messages)
         if not messages or messages[-1].get("role") != "assistant":
             raise ValueError("a chat record must end with an assistant message (the supervised answer)")
         prompt = self._tok.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)

@@ -1,31 +1,30 @@
-"""Evaluate any checkpoint on any JSONL set in any decoding mode.
+"""Evaluation: every decoding mode on a set of prompt/answer records (the library half of
+`python -m experiments.evaluate`, also used by the quickstart and sweeps).
 
-    python -m experiments.evaluate --ckpt CKPT --data test.jsonl --modes ar,mdm,slotted,spec-self \\
-        [--lora ADAPTER --modes spec-lora] [--answer final|regex|exact] [--answer-regex PAT] \\
-        [--max-new-tokens 64] [--batch-size 1] [--knob slotted.slot_size=4] [--out DIR]
-
-Records are `{"prompt", "answer"}` (or chat `{"messages": [...]}` ending with the assistant answer).
 Modes: `ar` (autoregressive baseline), `mdm` (mode A, SPEC §5), `slotted` (mode B, SPEC §6),
-`spec-self` (lossless Zarya self-speculation, SPEC §7), `spec-lora` (Uno's LoRA drafter, needs
-`--lora`). Per mode it reports exact-match accuracy, wall-clock generated tokens/s (compile time
-excluded and reported apart), tokens per forward pass and the speed-up over `ar`; it writes
-`summary.json`, `summary.md` and `predictions.jsonl` (one line per example and mode) to `--out`
-(default `<ckpt>_eval`).
+`spec-self` (lossless Zarya self-speculation, SPEC §7), `spec-lora` (Uno's LoRA drafter). Per mode:
+exact-match accuracy (`answers`), wall-clock generated tokens/s (compile time excluded and reported
+apart), tokens per forward pass and the speed-up over `ar`. Decoding knobs are `GenerationConfig`
+fields, per mode or for all modes (`parse_knobs`, `ModeKnobs`), typed by `zarya_jax.overrides`.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import os
 import sys
-import tempfile
 import time
 
+import jax
 import numpy as np
+from tqdm import tqdm
 
+from .. import overrides as ov
+from ..config import ConfigError
+from ..data.tokenizer import load_tokenizer
+from ..files import atomic_write, atomic_write_json, atomic_write_jsonl
+from ..nn.checkpoint import tokenizer_dir
+from ..sampling import GenerationConfig, generate
 from . import answers
-from .tasks import read_jsonl
 
 MODES = ("ar", "mdm", "slotted", "spec-self", "spec-lora")
 MODE_LABELS = {"ar": "AR", "mdm": "mode A (MDM)", "slotted": "mode B (slotted)",
@@ -34,53 +33,82 @@ MODE_LABELS = {"ar": "AR", "mdm": "mode A (MDM)", "slotted": "mode B (slotted)",
 MODE_FIELDS = {"ar": {"mode": "ar"}, "mdm": {"mode": "mdm"}, "slotted": {"mode": "slotted"},
                "spec-self": {"mode": "spec", "drafter": "self"}, "spec-lora": {"mode": "spec", "drafter": "lora"}}
 
+Knobs = ov.sparse(GenerationConfig)  # a typed partial GenerationConfig: the fields a mode overrides
+
+
+@dataclasses.dataclass(frozen=True)
+class ModeKnobs:
+    """Decoding knobs per evaluation mode (`eval.knobs.<mode>.<field>` in the quickstart's config)."""
+
+    ar: Knobs = Knobs()
+    mdm: Knobs = Knobs()
+    slotted: Knobs = Knobs()
+    spec_self: Knobs = dataclasses.field(default=Knobs(), metadata={"key": "spec-self"})
+    spec_lora: Knobs = dataclasses.field(default=Knobs(), metadata={"key": "spec-lora"})
+
+    def as_dict(self) -> dict[str, dict]:
+        """{mode: {field: value}} of the knobs set, the form `evaluate` takes."""
+        return {ov.external_name(f): ov.set_fields(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """An evaluation: modes, decoding budget and batch, records (`limit`: first N, 0 = all), answer
+    extraction, seed, per-mode knobs, and `ckpt` (a checkpoint to evaluate instead of training one)."""
+
+    modes: tuple[str, ...] = ("ar", "mdm", "slotted", "spec-self")
+    max_new_tokens: int = 64
+    batch_size: int = 1
+    limit: int = 0
+    answer: str = "final"
+    answer_regex: str = ""
+    seed: int = 0
+    ckpt: str = ""
+    knobs: ModeKnobs = ModeKnobs()
+
+    def __post_init__(self):
+        parse_modes(",".join(self.modes))
+        if self.answer not in answers.METHODS:
+            raise ConfigError(f"eval.answer={self.answer!r}: expected one of {answers.METHODS}")
+
 
 def parse_modes(text: str) -> list[str]:
     modes = [m.strip() for m in text.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
-        raise ValueError(f"--modes {text!r}: unknown mode(s) {bad}; expected a comma-separated subset of {MODES}")
+        raise ConfigError(f"--modes {text!r}: unknown mode(s) {bad}; expected a comma-separated subset of {MODES}")
     return modes
 
 
-def _coerce(value: str):
-    for cast in (int, float):
-        try:
-            return cast(value)
-        except ValueError:
-            pass
-    if value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    return value
-
-
 def parse_knobs(items: list[str]) -> dict[str, dict]:
-    """`["slotted.slot_size=4", "temperature=0"]` -> {"slotted": {"slot_size": 4}, "*": {"temperature": 0}}."""
+    """`["slotted.slot_size=4", "temperature=0"]` -> {"slotted": {"slot_size": 4}, "*": {"temperature": 0}}:
+    `[MODE.]FIELD=VALUE` items, each value YAML, typed against the `GenerationConfig` field."""
     knobs: dict[str, dict] = {}
+    types = ov.field_types(GenerationConfig)
     for item in items or []:
         if "=" not in item:
-            raise ValueError(f"--knob {item!r}: expected [MODE.]FIELD=VALUE, e.g. slotted.slot_size=4")
-        key, value = item.split("=", 1)
+            raise ConfigError(f"--knob {item!r}: expected [MODE.]FIELD=VALUE, e.g. slotted.slot_size=4")
+        key, value = ov.parse(item, "--knob")
         mode, _, field = key.rpartition(".")
         mode = mode or "*"
         if mode != "*" and mode not in MODES:
-            raise ValueError(f"--knob {item!r}: unknown mode {mode!r}; expected one of {MODES}")
-        knobs.setdefault(mode, {})[field] = _coerce(value)
+            raise ConfigError(f"--knob {item!r}: unknown mode {mode!r}; expected one of {MODES}")
+        if field not in types:
+            raise ov.unknown(field, types, "GenerationConfig field")
+        knobs.setdefault(mode, {})[field] = ov.coerce(key, value, types[field])
     return knobs
 
 
-def generation_config(mode: str, max_new_tokens: int, knobs: dict[str, dict] | None = None):
+def generation_config(mode: str, max_new_tokens: int, knobs: dict[str, dict] | None = None) -> GenerationConfig:
     """The `GenerationConfig` of an evaluation mode with `knobs` ("*" for all modes) applied."""
-    from zarya_jax.sampling import GenerationConfig
-
-    fields = {f.name for f in dataclasses.fields(GenerationConfig)}
     kwargs = dict(MODE_FIELDS[mode], max_new_tokens=max_new_tokens, temperature=0.0)
     knobs = knobs or {}
+    types = ov.field_types(GenerationConfig)
     for scope in ("*", mode):
         for k, v in knobs.get(scope, {}).items():
-            if k not in fields:
-                raise ValueError(f"knob {scope}.{k}: GenerationConfig has no field {k!r}; fields: {sorted(fields)}")
-            kwargs[k] = v
+            if k not in types:
+                raise ov.unknown(f"{scope}.{k}", [f"{scope}.{f}" for f in types], "knob")
+            kwargs[k] = ov.coerce(f"{scope}.{k}", v, types[k])
     return GenerationConfig(**kwargs)
 
 
@@ -111,10 +139,6 @@ def evaluate_mode(params, config, tokenizer, prompts: list[list[int]], gen_confi
 
     The first batch is run once untimed (compilation); the timed pass covers every batch.
     """
-    import jax
-
-    from zarya_jax.sampling import generate
-
     def call(batch, k):
         kwargs = {} if lora_params is None else {"lora_params": lora_params, "lora": lora}
         out = generate(params, config, batch, gen_config, k, **kwargs)
@@ -156,8 +180,6 @@ def evaluate(params, config, tokenizer, records: list[dict], modes: list[str], *
              batch_size: int = 1, knobs: dict | None = None, method: str = "final", pattern: str | None = None,
              lora_params=None, lora=None, seed: int = 0, progress: bool = True) -> tuple[list[dict], list[dict]]:
     """Runs every mode on every record. Returns (summary rows, per-example prediction rows)."""
-    import jax
-
     if "spec-lora" in modes and lora_params is None:
         raise ValueError("mode 'spec-lora' needs a LoRA drafter adapter (--lora DIR)")
     if batch_size < 1:
@@ -198,8 +220,6 @@ def evaluate(params, config, tokenizer, records: list[dict], modes: list[str], *
 
 
 def _progress_bar(mode: str, total: int):
-    from tqdm import tqdm
-
     bar = tqdm(total=total, desc=f"eval {mode}", unit="ex", leave=False, file=sys.stderr)
 
     def update(done):
@@ -221,94 +241,15 @@ def summary_markdown(summary: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def atomic_write(path: str, text: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 def write_outputs(out_dir: str, summary: list[dict], predictions: list[dict], extra: dict | None = None) -> None:
-    atomic_write(os.path.join(out_dir, "predictions.jsonl"), "".join(json.dumps(p) + "\n" for p in predictions))
-    atomic_write(os.path.join(out_dir, "summary.json"), json.dumps({"modes": summary, **(extra or {})}, indent=2))
+    """predictions.jsonl, summary.json and summary.md in `out_dir`, each written atomically."""
+    atomic_write_jsonl(os.path.join(out_dir, "predictions.jsonl"), predictions)
+    atomic_write_json(os.path.join(out_dir, "summary.json"), {"modes": summary, **(extra or {})})
     atomic_write(os.path.join(out_dir, "summary.md"), summary_markdown(summary))
 
 
 def load_tokenizer_for(ckpt: str, spec: str | None):
-    """--tokenizer if given; else a tokenizer saved inside the checkpoint directory; else bytes."""
-    from zarya_jax.checkpoint import tokenizer_dir
-    from zarya_jax.tokenizer import load_tokenizer
-
+    """`spec` if given; else a tokenizer saved inside the checkpoint directory; else bytes."""
     if spec:
         return load_tokenizer(spec)
     return load_tokenizer(tokenizer_dir(ckpt) or "byte")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m experiments.evaluate", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckpt", required=True, help="checkpoint directory (zarya_jax.checkpoint.save format)")
-    p.add_argument("--data", required=True, help="JSONL of {prompt, answer} or {messages} records")
-    p.add_argument("--modes", default="ar,mdm,slotted,spec-self", help=f"comma-separated subset of {MODES}")
-    p.add_argument("--lora", default=None, help="LoRA drafter adapter directory (for spec-lora)")
-    p.add_argument("--tokenizer", default=None, help="'byte' or a HF tokenizer directory (default: from --ckpt)")
-    p.add_argument("--answer", default="final", choices=answers.METHODS, help="answer extraction method")
-    p.add_argument("--answer-regex", default=None, help="pattern for --answer regex (last match, group 1)")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N records")
-    p.add_argument("--knob", action="append", default=[],
-                   help="[MODE.]FIELD=VALUE GenerationConfig override, repeatable (e.g. slotted.slot_size=4)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="output directory (default: <ckpt>_eval)")
-    return p
-
-
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        modes = parse_modes(args.modes)
-        knobs = parse_knobs(args.knob)
-        if args.max_new_tokens <= 0:
-            raise ValueError(f"--max-new-tokens={args.max_new_tokens}: expected > 0")
-        if args.answer == "regex" and not args.answer_regex:
-            raise ValueError("--answer regex needs --answer-regex PATTERN")
-        if not os.path.exists(args.ckpt):
-            raise ValueError(f"--ckpt {args.ckpt!r} does not exist")
-        records = read_jsonl(args.data)
-        if args.limit is not None:
-            records = records[: args.limit]
-        from zarya_jax import checkpoint
-
-        params, config = checkpoint.load(args.ckpt)
-        tokenizer = load_tokenizer_for(args.ckpt, args.tokenizer)
-        lora_params = lora_cfg = None
-        if args.lora:
-            from zarya_jax import lora as lora_lib
-
-            lora_params, lora_cfg = lora_lib.load(args.lora)
-        elif "spec-lora" in modes:
-            raise ValueError("mode 'spec-lora' needs --lora ADAPTER_DIR")
-        summary, predictions = evaluate(params, config, tokenizer, records, modes,
-                                        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                                        knobs=knobs, method=args.answer, pattern=args.answer_regex,
-                                        lora_params=lora_params, lora=lora_cfg, seed=args.seed)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    out = args.out or os.path.join(args.ckpt.rstrip("/") + "_eval")
-    write_outputs(out, summary, predictions, {"ckpt": os.path.abspath(args.ckpt), "data": os.path.abspath(args.data)})
-    print(summary_markdown(summary))
-    print(f"wrote {out}/summary.json, summary.md, predictions.jsonl")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,19 +7,16 @@ Each record is `{"prompt": str, "answer": str}` — the same JSONL format as any
 
 Generation is deterministic from a seed (Python's `random.Random`, stable across platforms). The
 held-out split is generated first and its problems are excluded from the training split, so the
-test set is disjoint from training.
-
-    python -m experiments.tasks --out data/ --train 20000 --test 200 --difficulty 1 --seed 0
+test set is disjoint from training. The command line is `python -m experiments.tasks`.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
 import random
-import sys
-import tempfile
+
+from ..files import atomic_write_jsonl
 
 # Prompts are kept short on purpose: with the byte tokenizer every character is a token, and the
 # prompt is unsupervised compute, so terse problems make CPU training several times cheaper.
@@ -131,19 +128,8 @@ def make_splits(num_train: int, num_test: int, seed: int = 0, difficulty: int | 
 
 
 def write_jsonl(path: str, records: list[dict]) -> None:
-    """Atomic write: a temp file in the same directory, then rename."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".jsonl")
-    try:
-        with os.fdopen(fd, "w") as f:
-            for r in records:
-                f.write(json.dumps(r) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    """One record per line, written atomically."""
+    atomic_write_jsonl(path, records)
 
 
 def read_jsonl(path: str) -> list[dict]:
@@ -175,24 +161,3 @@ def write_splits(out_dir: str, num_train: int, num_test: int, seed: int = 0,
     write_jsonl(train_path, train)
     write_jsonl(test_path, test)
     return train_path, test_path
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True, help="directory for train.jsonl and test.jsonl")
-    p.add_argument("--train", type=int, default=20000, help="number of training problems")
-    p.add_argument("--test", type=int, default=200, help="number of held-out problems")
-    p.add_argument("--difficulty", type=int, default=1, choices=sorted(DIFFICULTY))
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
-    try:
-        paths = write_splits(args.out, args.train, args.test, args.seed, args.difficulty)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print("\n".join(paths))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

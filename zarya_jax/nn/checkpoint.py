@@ -2,9 +2,9 @@
 
 Layout of a checkpoint directory:
 
-    CKPT/params/       Orbax PyTree checkpoint (OCDBT) of the params pytree (see `model.py`)
+    CKPT/params/       Orbax PyTree checkpoint (OCDBT) of the params pytree (see `nn/model.py`)
     CKPT/config.json   {"format": ..., "model": ModelConfig fields, "zarya": ZaryaConfig fields or null}
-    CKPT/tokenizer/    optional tokenizer files (`zarya_jax.tokenizer.load_tokenizer` reads them)
+    CKPT/tokenizer/    optional tokenizer files (`zarya_jax.data.tokenizer.load_tokenizer` reads them)
 
 Saving is atomic: everything is written into a hidden sibling directory that is renamed into place
 only when complete, so a crash never leaves a half-written checkpoint under the final name.
@@ -23,8 +23,9 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 from orbax.checkpoint import type_handlers
 
+from ..config import ModelConfig, ZaryaConfig, model_config_from_dict, to_dict
+from ..files import replace_directory
 from . import hf_params
-from .config import ModelConfig, ZaryaConfig, model_config_from_dict, to_dict
 
 FORMAT = "zarya_jax.checkpoint/1"
 CONFIG_FILE = "config.json"
@@ -59,7 +60,7 @@ def save(path: str | os.PathLike, params: Any, config: ModelConfig, zarya_config
     """Writes params (numpy or jax arrays, any sharding) and configs to `path`; returns the absolute path.
 
     tokenizer: None, a directory whose files are copied, or an object with `.save(directory)`
-    (`zarya_jax.tokenizer.ByteTokenizer` / `HFTokenizer`). Raises FileExistsError if `path` exists
+    (`zarya_jax.data.tokenizer.ByteTokenizer` / `HFTokenizer`). Raises FileExistsError if `path` exists
     and `overwrite` is false. Every process of a multi-host run must call it.
     """
     path = os.path.abspath(os.fspath(path))
@@ -69,9 +70,8 @@ def save(path: str | os.PathLike, params: Any, config: ModelConfig, zarya_config
     if isinstance(tokenizer, (str, os.PathLike)) and not os.path.isdir(tokenizer):
         raise FileNotFoundError(f"tokenizer directory {os.fspath(tokenizer)!r} does not exist")
     parent, name = os.path.split(path)
-    # Deterministic names so that every host of a multi-host save agrees on them.
+    # A deterministic name so that every host of a multi-host save agrees on it.
     tmp = os.path.join(parent, f".{name}.tmp")
-    old = os.path.join(parent, f".{name}.old")
     primary = jax.process_index() == 0
     if primary:
         os.makedirs(parent, exist_ok=True)
@@ -89,11 +89,7 @@ def save(path: str | os.PathLike, params: Any, config: ModelConfig, zarya_config
                 json.dump(meta, f, indent=2, sort_keys=True)
             if tokenizer is not None:
                 _write_tokenizer(tokenizer, os.path.join(tmp, TOKENIZER_DIR))
-            if os.path.exists(path):
-                shutil.rmtree(old, ignore_errors=True)
-                os.rename(path, old)
-            os.rename(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
+            replace_directory(tmp, path)
         _sync("zarya_checkpoint_done")
     except BaseException:
         if primary:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .config import ModelConfig
+from ..config import ModelConfig
 
 
 class ShapeError(ValueError):
@@ -157,3 +157,16 @@ def check_params(params: dict, config: ModelConfig) -> None:
         raise ShapeError(f"params do not match the config: missing {missing}, unexpected {extra}")
     for path, shape in want.items():
         _check("/".join(path), tuple(have[path].shape), shape)
+
+
+def from_hf(tensors: Mapping[str, np.ndarray], config: ModelConfig, dtype=np.float32) -> dict:
+    """Our params pytree (numpy, `dtype`) from HF tensors by name, e.g. an in-memory transformers
+    model's `state_dict()` as numpy arrays (a tied model's extra `lm_head.weight` is ignored)."""
+    params: dict = {}
+    for e in entries(config):
+        arr = np.empty(stacked_shape(e, config), dtype)
+        for layer in range(config.num_layers) if e.layered else [None]:
+            name = e.hf_name(layer)
+            fill(e, np.asarray(tensors[name]), arr if layer is None else arr[layer], name)
+        set_path(params, e.path, arr)
+    return params

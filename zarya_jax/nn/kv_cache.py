@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .config import ModelConfig
+from ..config import ModelConfig
 
 Array = jax.Array
 

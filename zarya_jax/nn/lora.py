@@ -1,4 +1,5 @@
-"""Gated-LoRA adapter params as their own pytree (SPEC §7): init, save/load, merge.
+"""Gated-LoRA adapter params as their own pytree (SPEC §7): init, save/load, merge, and the adapter's
+noise convention (`noise_tokens`, shared by drafter training and the Ψ-Spec draft pass).
 
 The adapter itself is applied inside `model.Proj` (collection `'lora'`, per-token gate). Its params
 mirror the base layer structure, stacked over layers:
@@ -7,25 +8,41 @@ projections; the update of a projection is `x @ a @ b * alpha / rank` with `b` z
 adapter drafts exactly like the AR model.
 
 Adapters are saved apart from the base weights as one safetensors file (`adapter.safetensors`, keys
-`layers.<proj>.<a|b>`) with the rank and alpha in its metadata, so an adapter of a few hundred MB can
-be shipped and swapped without touching the base checkpoint.
+`layers.<proj>.<a|b>`) with the rank, alpha and noise convention in its metadata, so an adapter of a
+few hundred MB can be shipped and swapped without touching the base checkpoint, and is always sampled
+with the noise it was trained on.
 """
 from __future__ import annotations
 
 import functools
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
-from .config import ConfigError, LoraConfig, ModelConfig
+from ..config import ConfigError, LoraConfig, ModelConfig
+from ..files import atomic_directory
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ADAPTER_FILE = "adapter.safetensors"
+
+
+def noise_tokens(key: jax.Array, shape: tuple[int, ...], vocab_size: int, mask_token_id: int | None,
+                 noise: str = "uniform") -> jax.Array:
+    """The draft rows' input ids (`LoraConfig.noise`): uniform over the vocabulary minus the mask token,
+    or all `mask_token_id`."""
+    if noise == "mask":
+        if mask_token_id is None:
+            raise ConfigError("noise='mask' needs ModelConfig.mask_token_id")
+        return jnp.full(shape, mask_token_id, jnp.int32)
+    if mask_token_id is None:
+        return jax.random.randint(key, shape, 0, vocab_size, jnp.int32)
+    z = jax.random.randint(key, shape, 0, vocab_size - 1, jnp.int32)
+    return z + (z >= mask_token_id)  # skip the mask id, keep the rest uniform
 
 
 def projection_shapes(config: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
@@ -90,10 +107,9 @@ def merge(params: dict, lora_params: dict, lora: LoraConfig) -> dict:
 def save(path: str | os.PathLike, lora_params: dict, lora: LoraConfig, extra: dict[str, str] | None = None) -> Path:
     """Writes `<path>/adapter.safetensors` (atomically: temp dir, then rename). Returns the file path.
 
-    `extra`: more string metadata stored in the file (e.g. the drafter's noise type), see `metadata`.
+    The metadata holds the rank, alpha and noise convention; `extra`: more string metadata stored in
+    the file, see `metadata`.
     """
-    from safetensors.numpy import save_file
-
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise FileExistsError(f"LoRA output {path} exists and is not a directory")
@@ -102,34 +118,30 @@ def save(path: str | os.PathLike, lora_params: dict, lora: LoraConfig, extra: di
     if any(v.dtype == jnp.bfloat16 for v in flat.values()):
         # safetensors' numpy writer has no bf16; fp32 is lossless and loading casts back
         flat = {k: v.astype(np.float32) for k, v in flat.items()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".lora_tmp_", dir=path.parent))
-    try:
-        save_file(flat, str(tmp / ADAPTER_FILE), metadata={**(extra or {}), "rank": str(lora.rank),
-                                                          "alpha": repr(float(lora.alpha)),
-                                                          "format": "zarya_jax.lora/1"})
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    with atomic_directory(path, overwrite=True) as tmp:
+        save_file(flat, os.path.join(tmp, ADAPTER_FILE),
+                  metadata={**(extra or {}), "rank": str(lora.rank), "alpha": repr(float(lora.alpha)),
+                            "noise": lora.noise, "format": "zarya_jax.lora/1"})
     return path / ADAPTER_FILE
 
 
-def load(path: str | os.PathLike, dtype=None) -> tuple[dict, LoraConfig]:
-    """Reads an adapter directory (or the `.safetensors` file itself) -> (lora_params, LoraConfig)."""
-    from safetensors import safe_open
-
+def _adapter_file(path: str | os.PathLike) -> Path:
     path = Path(path)
     file = path / ADAPTER_FILE if path.is_dir() else path
     if not file.is_file():
         raise FileNotFoundError(f"LoRA adapter {path}: expected a directory holding {ADAPTER_FILE} or that file")
+    return file
+
+
+def load(path: str | os.PathLike, dtype=None) -> tuple[dict, LoraConfig]:
+    """Reads an adapter directory (or the `.safetensors` file itself) -> (lora_params, LoraConfig)."""
+    file = _adapter_file(path)
     with safe_open(str(file), framework="numpy") as f:
         meta = f.metadata() or {}
         if "rank" not in meta or "alpha" not in meta:
             raise ConfigError(f"LoRA adapter {file}: metadata lacks rank/alpha (not written by zarya_jax.lora.save)")
-        cfg = LoraConfig(rank=int(meta["rank"]), alpha=float(meta["alpha"]))
+        # adapters written before the noise convention was recorded were all trained with uniform noise
+        cfg = LoraConfig(rank=int(meta["rank"]), alpha=float(meta["alpha"]), noise=meta.get("noise", "uniform"))
         params: dict = {"layers": {}}
         for key in f.keys():
             _, name, part = key.split(".")
@@ -139,12 +151,6 @@ def load(path: str | os.PathLike, dtype=None) -> tuple[dict, LoraConfig]:
 
 
 def metadata(path: str | os.PathLike) -> dict[str, str]:
-    """The string metadata of a saved adapter (rank, alpha, format and any `extra` given to `save`)."""
-    from safetensors import safe_open
-
-    path = Path(path)
-    file = path / ADAPTER_FILE if path.is_dir() else path
-    if not file.is_file():
-        raise FileNotFoundError(f"LoRA adapter {path}: expected a directory holding {ADAPTER_FILE} or that file")
-    with safe_open(str(file), framework="numpy") as f:
+    """The string metadata of a saved adapter (rank, alpha, noise, format and any `extra` given to `save`)."""
+    with safe_open(str(_adapter_file(path)), framework="numpy") as f:
         return dict(f.metadata() or {})

@@ -19,7 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from .config import LoraConfig, ModelConfig
+from ..config import LoraConfig, ModelConfig
 
 Array = jax.Array
 NEG_INF = -1e30  # finite, so a fully masked (padding) query row yields a uniform, not NaN, softmax

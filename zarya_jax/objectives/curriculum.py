@@ -14,7 +14,7 @@ import math
 
 import jax.numpy as jnp
 
-from .config import ConfigError, ZaryaConfig
+from ..config import ConfigError, ZaryaConfig
 
 
 def borders_are_fractions(zarya_config: ZaryaConfig) -> bool:

@@ -10,8 +10,9 @@ The sequence is cut into blocks of `S` tokens (the draft block size, grown by a 
 **[decision]** The first row of each noisy block keeps its clean token with the gate off: it is the
 *seed* of the Ψ-Spec draft pass (`[seed, z1 … z_{S−1}]`, seed gate-off, noise gate-on), so the
 training block is the inference draft window exactly. A seed row sees what its clean twin sees, so
-its output is the AR distribution and it carries no loss. The other rows get noise tokens: uniform
-random ids (never the mask id) or, with `noise="mask"`, the mask token.
+its output is the AR distribution and it carries no loss. The other rows get noise tokens by the
+adapter's convention (`LoraConfig.noise`, `nn.lora.noise_tokens`): uniform random ids (never the mask
+id) or the mask token; the adapter is saved with it, so sampling uses the same noise.
 
 Loss per supervised noisy row i (next-token convention, as the AR row at the same index):
 `tv_weight·Σ_v |q_i − sg(p_i)| + ce_weight·(−log q_i(x_{i+1})) + kl_weight·KL(q_i ‖ sg(p_i))`,
@@ -26,8 +27,10 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from . import model as model_lib
-from .config import ConfigError, LoraConfig, ModelConfig
+from ..config import ConfigError, LoraConfig, ModelConfig
+from ..nn import model as model_lib
+from ..nn.lora import noise_tokens
+from .base import Objective
 
 Array = jax.Array
 BLOCK_CURRICULUM = (2, 4, 6, 8, 12, 16)
@@ -40,7 +43,6 @@ class DrafterConfig:
 
     block_sizes: tuple[int, ...] = BLOCK_CURRICULUM
     block_borders: tuple[float, ...] | None = None
-    noise: str = "uniform"
     tv_weight: float = 1.0
     ce_weight: float = 0.0
     kl_weight: float = 0.0
@@ -56,8 +58,6 @@ class DrafterConfig:
                     self.block_borders):
                 raise ConfigError(f"DrafterConfig.block_borders={self.block_borders}: expected one increasing "
                                   f"border per block size in {self.block_sizes}")
-        if self.noise not in ("uniform", "mask"):
-            raise ConfigError(f"DrafterConfig.noise={self.noise!r}: expected 'uniform' or 'mask'")
         for name in ("tv_weight", "ce_weight", "kl_weight"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"DrafterConfig.{name}={getattr(self, name)}: expected ≥ 0")
@@ -74,19 +74,6 @@ def block_size_at(step: int, total_steps: int, cfg: DrafterConfig) -> int:
         if progress <= border:
             return size
     return cfg.block_sizes[-1]
-
-
-def noise_tokens(key: Array, shape: tuple[int, ...], vocab_size: int, mask_token_id: int | None,
-                 noise: str = "uniform") -> Array:
-    """Noise ids: uniform over the vocabulary minus the mask token, or all `mask_token_id`."""
-    if noise == "mask":
-        if mask_token_id is None:
-            raise ConfigError("noise='mask' needs ModelConfig.mask_token_id")
-        return jnp.full(shape, mask_token_id, jnp.int32)
-    if mask_token_id is None:
-        return jax.random.randint(key, shape, 0, vocab_size, jnp.int32)
-    z = jax.random.randint(key, shape, 0, vocab_size - 1, jnp.int32)
-    return z + (z >= mask_token_id)  # skip the mask id, keep the rest uniform
 
 
 def block_size_traced(step, total_steps: int, cfg: DrafterConfig):
@@ -123,9 +110,9 @@ def pair_mask(segment_ids: Array, positions: Array, block_size) -> Array:
     return m | jnp.eye(2 * length, dtype=bool)[None]  # padding rows see themselves: finite softmax
 
 
-def make_pair_batch(key: Array, batch: dict, block_size, config: ModelConfig, cfg: DrafterConfig) -> dict:
-    """The paired inputs from a supervised batch (`zarya_jax.batch` layout: tokens, segment_ids,
-    positions, answer_mask, each [b, L]).
+def make_pair_batch(key: Array, batch: dict, block_size, config: ModelConfig, lora: LoraConfig) -> dict:
+    """The paired inputs from a supervised batch (`zarya_jax.data.batch` layout: tokens, segment_ids,
+    positions, answer_mask, each [b, L]); the noise rows follow the adapter's `lora.noise`.
 
     Returns {'tokens','positions','gate': [b, 2L], 'mask': [b, 2L, 2L], 'rows': bool [b, L] (noisy
     rows supervised: not a seed, next token in the same example and an answer token), 'targets' [b, L]}.
@@ -136,7 +123,7 @@ def make_pair_batch(key: Array, batch: dict, block_size, config: ModelConfig, cf
     b, length = tokens.shape
     valid = seg > 0
     seed = (pos % block_size) == 0
-    z = noise_tokens(key, (b, length), config.vocab_size, config.mask_token_id, cfg.noise)
+    z = noise_tokens(key, (b, length), config.vocab_size, config.mask_token_id, lora.noise)
     noisy = jnp.where(seed, tokens, z)
     gate = jnp.concatenate([~seed & valid, jnp.zeros_like(valid)], axis=1)
     shift = lambda x, fill: jnp.concatenate([x[:, 1:], jnp.full((b, 1), fill, x.dtype)], axis=1)
@@ -182,13 +169,15 @@ def drafter_loss(lora_params, params, config: ModelConfig, lora: LoraConfig, bat
 
 
 def drafter_objective(config: ModelConfig, lora: LoraConfig, cfg: DrafterConfig):
-    """A `trainer.Objective`: trainable = the adapter, frozen = the AR base params; the block size
-    follows the curriculum from the traced step (one compile for the whole run)."""
-    from .trainer import Objective
+    """An `Objective`: trainable = the adapter, frozen = the AR base params; the block size follows the
+    curriculum from the traced step (one compile for the whole run). No export: the caller saves the
+    adapter (`nn.lora.save`)."""
+    if lora.noise == "mask" and config.mask_token_id is None:
+        raise ConfigError("LoraConfig.noise='mask' needs a mask token, but the model config has mask_token_id=None")
 
     def loss_fn(lora_params, base_params, batch, key, info):
         s = block_size_traced(info.step, info.total_steps, cfg)
-        pair = make_pair_batch(key, batch, s, config, cfg)
+        pair = make_pair_batch(key, batch, s, config, lora)
         loss, metrics = drafter_loss(lora_params, base_params, config, lora, pair, cfg)
         return loss, {**metrics, "block_size": s.astype(jnp.float32)}
 

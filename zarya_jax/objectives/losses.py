@@ -16,8 +16,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from . import model as model_lib
-from .config import ConfigError, ModelConfig, ZaryaConfig
+from ..config import ConfigError, ModelConfig, ZaryaConfig
+from ..nn import model as model_lib
 from .noise import noise_transform
 from .slots import slotted_transform
 
@@ -89,7 +89,7 @@ def zarya_loss(params, model_config: ModelConfig, zarya_config: ZaryaConfig, bat
                slot_size: int, *, apply_fn: Callable | None = None):
     """Transform (SPEC §2 or §3) → model → loss. Returns (scalar fp32 loss, metrics dict of scalars).
 
-    batch: [B, L] arrays (see `batch.py`); key: this step's key (e.g. fold_in(run_key, step));
+    batch: [B, L] arrays (see `data/batch.py`); key: this step's key (e.g. fold_in(run_key, step));
     slot_size: static int, or a traced int32 scalar (one compile for the whole curriculum; ignored when
     not slotted). apply_fn(params, model_config, tokens, positions,
     window_mask=...) -> (logits, …) like `model.apply` (the default); use it for remat/sharded variants.

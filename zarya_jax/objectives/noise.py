@@ -42,9 +42,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from . import masks
-from .batch import row_layout
-from .config import ConfigError, ZaryaConfig
+from ..config import ConfigError, ZaryaConfig
+from ..data.batch import row_layout
+from ..nn import masks
 
 Array = jax.Array
 NUM_PATTERNS = 4
@@ -171,7 +171,7 @@ def _noise_row(draws, t_row, tokens, segment_ids, positions, answer_mask, *, zc:
 def noise_transform_from_draws(draws: dict, batch: dict, zarya_config: ZaryaConfig, mask_id: int) -> dict[str, Array]:
     """The non-slotted transform (SPEC §3) as a pure function of `draw_token_noise`'s draws.
 
-    batch: [B, L] (see `batch.py`). Returns 2B rows in physical order, row 2b the sequential pass and
+    batch: [B, L] (see `data/batch.py`). Returns 2B rows in physical order, row 2b the sequential pass and
     row 2b + 1 the diffusion pass of batch row b:
       tokens, positions, segment_ids int32 [2B, L]; window_mask bool [2B, L, L]; targets int32;
       weights f32 (0 = no target); is_dif bool (MDM target); answer, masked bool; ans_len f32;

@@ -28,9 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import masks
-from .batch import row_layout
-from .config import ConfigError, ZaryaConfig
+from ..config import ConfigError, ZaryaConfig
+from ..data.batch import row_layout
+from ..nn import masks
 
 Array = jax.Array
 
@@ -132,7 +132,7 @@ def slotted_transform_from_draws(draws: dict, batch: dict, zarya_config: ZaryaCo
     No shape depends on `slot_size`: pass a static int (one compile per size) or a traced int32 scalar
     (one compile for the whole curriculum).
 
-    batch: tokens/segment_ids/positions [B, L] int, answer_mask [B, L] bool (see `batch.py`).
+    batch: tokens/segment_ids/positions [B, L] int, answer_mask [B, L] bool (see `data/batch.py`).
     Returns, all in physical order:
       tokens, positions, segment_ids int32 [B, L]; window_mask bool [B, L, L];
       targets int32 [B, L]; weights f32 [B, L] (1 for AR targets, 1/p_tok for MDM targets, 0 = none);

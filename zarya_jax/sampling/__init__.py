@@ -1,8 +1,9 @@
 """Inference (SPEC §4–§7): `generate(params, config, prompts, GenerationConfig(...), key)`.
 
 Modes: "ar" (autoregressive baseline), "mdm" (mode A, first-hitting MDM sampling, SPEC §5),
-"slotted" (mode B, ReFusion plan-and-infill, SPEC §6), "spec" (Ψ-Spec, SPEC §7). Building blocks:
-`primitives` (sampling, §4), `prompts` (padding/bucketing), one module per mode.
+"slotted" (mode B, ReFusion plan-and-infill, SPEC §6), "spec" (Ψ-Spec, SPEC §7). Each mode is a
+`decoder.Decoder` behind the one `generate()`; building blocks: `primitives` (sampling, §4), `prompts`
+(padding/bucketing). Depends on `zarya_jax.nn` and `zarya_jax.config` only (no optimizer, no data pipeline).
 """
 from .config import GenerationConfig, GenerationOutput
 from .generate import generate

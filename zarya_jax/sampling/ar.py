@@ -11,10 +11,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .. import kv_cache, masks
-from .. import model as model_lib
+from ..nn import kv_cache, masks
+from ..nn import model as model_lib
 from . import primitives
 from .config import GenerationConfig
+from .decoder import Decoder
 
 Array = jax.Array
 
@@ -164,3 +165,7 @@ def run_uncached(params, tokens: Array, lengths: Array, key: Array, *, config, g
     s = jax.lax.while_loop(cond, body, state)
     out, out_lengths = finish(s["out"], s["generated"], eos, gcfg, pad)
     return dict(tokens=out, lengths=out_lengths, num_forward_passes=s["nfe"], loop_passes=s["i"])
+
+
+DECODER = Decoder(run)
+UNCACHED = Decoder(run_uncached)

@@ -21,10 +21,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import kv_cache, masks
-from .. import model as model_lib
+from ..nn import kv_cache, masks
+from ..nn import model as model_lib
 from . import ar
 from .config import GenerationConfig
+from .decoder import Decoder
 
 Array = jax.Array
 
@@ -161,3 +162,13 @@ def physical_layout(prompt_tokens: np.ndarray, prompt_lengths: np.ndarray, out_t
         toks[i, n:n + k] = out_tokens[i, kept]
         pos[i, n:n + k] = n + np.asarray(kept, np.int64)
     return toks, pos
+
+
+def stats(raw: dict, gcfg: GenerationConfig, tokens: np.ndarray, lengths: np.ndarray, out_lengths: np.ndarray) -> dict:
+    """The denoising order and the physical layout of each row (prompt, then tokens in decode order)."""
+    ptoks, ppos = physical_layout(tokens, lengths, np.asarray(raw["tokens"]), out_lengths, raw["order"])
+    return dict(order=np.asarray(raw["order"]), num_diffusion=np.asarray(raw["num_diffusion"]),
+                physical_tokens=ptoks, physical_positions=ppos)
+
+
+DECODER = Decoder(run, stats)

@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from .. import kv_cache, masks
-from .. import model as model_lib
+from ..nn import kv_cache, masks
+from ..nn import model as model_lib
 from . import ar, primitives
 from .config import GenerationConfig
+from .decoder import Decoder
 
 Array = jax.Array
 PLAN, VERIFY, INFILL_DRAFT, INFILL_VERIFY, DONE = 0, 1, 2, 3, 4
@@ -253,3 +255,26 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
 def _b(cond: Array, like: Array) -> Array:
     """Broadcasts a per-row bool [B] against an array [B, ...]."""
     return cond.reshape(cond.shape + (1,) * (like.ndim - 1))
+
+
+def _cut_physical(toks: np.ndarray, pos: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Keeps the physical rows whose logical position is < end[b] (drops text after EOS), −1 after."""
+    out_t = np.full_like(toks, -1)
+    out_p = np.full_like(pos, -1)
+    for i in range(toks.shape[0]):
+        keep = (pos[i] >= 0) & (pos[i] < end[i])
+        n = int(keep.sum())
+        out_t[i, :n] = toks[i, keep]
+        out_p[i, :n] = pos[i, keep]
+    return out_t, out_p
+
+
+def stats(raw: dict, gcfg: GenerationConfig, tokens: np.ndarray, lengths: np.ndarray, out_lengths: np.ndarray) -> dict:
+    """The committed physical order (cut at each row's end), plans per row and the block layout."""
+    ptoks, ppos = _cut_physical(np.asarray(raw["physical_tokens"]), np.asarray(raw["physical_positions"]),
+                                lengths + out_lengths)
+    return dict(physical_tokens=ptoks, physical_positions=ppos, plans=np.asarray(raw["plans"]),
+                num_blocks=int(raw["num_blocks"]), block_size=int(raw["block_size"]))
+
+
+DECODER = Decoder(run, stats)

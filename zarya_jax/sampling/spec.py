@@ -4,7 +4,8 @@ One cycle, per batch row, with the cache holding the committed text except its l
 at logical position n−1):
 1. Draft pass against the cache.
    - `drafter="lora"`: `[seed, z1 … z_{F−1}]` at positions n−1 … n+F−2, gate off on the seed row and on
-     for the noise rows (uniform random ids, or mask tokens if the adapter was trained so). Row 0 is
+     for the noise rows, by the adapter's own convention (`LoraConfig.noise`: uniform random ids, or
+     mask tokens if the adapter was trained so). Row 0 is
      the exact AR distribution p0; row j ≥ 1 is the draft q_j for position n+j (next-token convention).
    - `drafter="self"` (Zarya models, no LoRA): `[seed, mask × F]` at positions n−1 … n+F−1, one set of
      weights. Row 0 gives p0 (AR convention, it sees only committed text); the mask row at n+j gives
@@ -27,6 +28,9 @@ Statistics: `accepted_per_cycle` (mean of 1+m, the number of the F drafted token
 `tokens_per_cycle` (mean of m+2), `tokens_per_forward` (generated tokens / decode forward passes,
 two per cycle), `acceptance_by_position` (per draft index j: P(c_j accepted | c_j examined); index 0
 is c0, always 1).
+
+`DECODER` puts the mode behind `generate()` (validation, padding and output assembly shared with the
+other modes); `spec_decode` is the jitted decode itself, with the cycle budget as a traced argument.
 """
 from __future__ import annotations
 
@@ -36,12 +40,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import kv_cache, masks
-from .. import model as model_lib
 from ..config import ConfigError, LoraConfig, ModelConfig
-from ..drafter import noise_tokens
+from ..nn import kv_cache, masks
+from ..nn import model as model_lib
+from ..nn.lora import check_lora, noise_tokens
 from . import ar, primitives
 from .config import GenerationConfig
+from .decoder import Decoder
 
 Array = jax.Array
 
@@ -100,8 +105,9 @@ def _presence_rows(presence: Array | None, tokens: Array) -> Array | None:
 
 # --------------------------------------------------------------------------- the decode loop
 def draft_pass(params, lora_params, cache: dict, seed: Array, n: Array, key: Array, *, config: ModelConfig,
-               draft_length: int, drafter: str, lora: LoraConfig | None, noise: str = "uniform"):
-    """The draft pass of one cycle (SPEC §7 step 1) against `cache` (committed text minus the seed).
+               draft_length: int, drafter: str, lora: LoraConfig | None):
+    """The draft pass of one cycle (SPEC §7 step 1) against `cache` (committed text minus the seed);
+    the LoRA drafter's noise rows follow the adapter's `lora.noise`.
 
     seed int [b] at logical position n−1 (n int [b]). Returns (logits fp32 [b, F, V]: row 0 the AR
     logits for position n, row j the draft logits for position n+j; window K/V, whose row 0 is the
@@ -116,16 +122,15 @@ def draft_pass(params, lora_params, cache: dict, seed: Array, n: Array, key: Arr
         # convention); the mask at n is context only, as c0 comes from p0
         return jnp.concatenate([logits[:, :1], logits[:, 2:]], axis=1), kv
     idx = jnp.arange(F, dtype=jnp.int32)[None, :]
-    z = noise_tokens(key, (b, F), config.vocab_size, config.mask_token_id, noise)
+    z = noise_tokens(key, (b, F), config.vocab_size, config.mask_token_id, lora.noise)
     toks = jnp.where(idx == 0, seed[:, None], z)
     return model_lib.apply(params, config, toks, (n - 1)[:, None] + idx, cache=cache,
                            gate=jnp.broadcast_to(idx > 0, (b, F)), lora_params=lora_params, lora=lora)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "gcfg", "lora", "noise"))
+@functools.partial(jax.jit, static_argnames=("config", "gcfg", "lora"))
 def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array, max_cycles: Array, *,
-                config: ModelConfig, gcfg: GenerationConfig, lora: LoraConfig | None = None,
-                noise: str = "uniform") -> dict:
+                config: ModelConfig, gcfg: GenerationConfig, lora: LoraConfig | None = None) -> dict:
     """Ψ-Spec decode (module doc). prompts int [b, P] right-padded, lengths int [b] ≥ 1; max_cycles
     int32 scalar (traced: stopping early reuses the program; cycle k's randomness is fold_in(key, k)).
 
@@ -180,7 +185,7 @@ def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array,
         active = ~s["done"]
         c, n = s["cache"], s["n"]
         logits_d, kv_d = draft_pass(params, lora_params, c, s["seed"], n, k_noise, config=config, draft_length=F,
-                                    drafter=drafter, lora=lora, noise=noise)
+                                    drafter=drafter, lora=lora)
         # p0 needs the committed text's penalty set; for q any rule is lossless (c_j ~ q_j is all that
         # matters), so the draft rows reuse that set instead of building one per row.
         pres_d = None if s["presence"] is None else s["presence"][:, None, :]
@@ -239,48 +244,29 @@ def summarize(raw: dict) -> dict:
             "acceptance_by_position": (np.asarray(raw["accepted_at"]) / reached).tolist()}
 
 
-def check_spec_args(config: ModelConfig, draft_length: int, drafter: str, lora_params, lora) -> None:
-    """Validates the spec-mode knobs at the edge; raises ConfigError naming the bad value."""
-    if draft_length < 1:
-        raise ConfigError(f"draft_length={draft_length}: expected ≥ 1 (F = 1 drafts only c0: plain AR in 2 passes)")
-    if drafter not in ("lora", "self"):
-        raise ConfigError(f"drafter={drafter!r}: expected 'lora' or 'self'")
-    if drafter == "self" and config.mask_token_id is None:
-        raise ConfigError("drafter='self' needs a Zarya model with ModelConfig.mask_token_id set")
-    if drafter == "lora" and (lora_params is None or lora is None):
+def check(config: ModelConfig, gcfg: GenerationConfig, lora_params, lora: LoraConfig | None) -> None:
+    """Validates the adapter at the edge (`GenerationConfig.validate` covers the knobs); raises
+    ConfigError naming the problem."""
+    if gcfg.drafter != "lora":
+        return
+    if lora_params is None or lora is None:
         raise ConfigError("drafter='lora' needs the adapter: pass lora_params and its LoraConfig")
+    if lora.noise == "mask" and config.mask_token_id is None:
+        raise ConfigError("the adapter was trained with mask noise, but the model config has mask_token_id=None")
+    check_lora(lora_params, config, lora)
 
 
-def spec_generate(params, config: ModelConfig, prompts, gcfg: GenerationConfig, key: Array, *, lora_params=None,
-                  lora: LoraConfig | None = None, noise: str = "uniform"):
-    """`generate(..., GenerationConfig(mode="spec", draft_length=F, drafter="lora"|"self"))` (SPEC §7).
+def run(params, tokens: Array, lengths: Array, key: Array, *, config: ModelConfig, gcfg: GenerationConfig,
+        debug: bool = False, dyn: dict | None = None, lora_params=None, lora: LoraConfig | None = None) -> dict:
+    """The decoder's run: `spec_decode` with the whole budget (at most `max_new_tokens` cycles), without
+    the final cache."""
+    raw = spec_decode(params, lora_params, tokens, lengths, key, jnp.int32(gcfg.max_new_tokens), config=config,
+                      gcfg=gcfg, lora=lora)
+    return {k: v for k, v in raw.items() if k != "cache"}
 
-    prompts: list of B token-id lists. `drafter="lora"` needs `lora_params` + `lora` (the adapter, see
-    `zarya_jax.lora`); `noise` must match the adapter's training ("uniform" or "mask"). Returns a
-    `GenerationOutput` whose `stats` add accepted_per_cycle, tokens_per_cycle, tokens_per_forward
-    and acceptance_by_position.
-    """
-    from .config import GenerationOutput
-    from .prompts import pad_prompts
 
-    gcfg.validate(config, prompts)
-    check_spec_args(config, gcfg.draft_length, gcfg.drafter, lora_params, lora)
-    if noise not in ("uniform", "mask"):
-        raise ConfigError(f"noise={noise!r}: expected 'uniform' or 'mask'")
-    if gcfg.drafter == "lora":
-        from .. import lora as lora_lib
+def stats(raw: dict, gcfg: GenerationConfig, tokens: np.ndarray, lengths: np.ndarray, out_lengths: np.ndarray) -> dict:
+    return {"drafter": gcfg.drafter, "draft_length": gcfg.draft_length, **summarize(raw)}
 
-        lora_lib.check_lora(lora_params, config, lora)
-    _, pad = ar.special_ids(config, gcfg)
-    tokens, lengths = pad_prompts(prompts, gcfg.prompt_bucket, pad)
-    raw = spec_decode(params, lora_params if gcfg.drafter == "lora" else None, jnp.asarray(tokens),
-                      jnp.asarray(lengths), key, jnp.int32(gcfg.max_new_tokens), config=config, gcfg=gcfg,
-                      lora=lora if gcfg.drafter == "lora" else None, noise=noise)
-    raw = jax.device_get({k: v for k, v in raw.items() if k != "cache"})
-    out_lengths = np.asarray(raw["lengths"], np.int32)
-    nfe = np.asarray(raw["num_forward_passes"], np.int32)
-    tpf = (out_lengths / np.maximum(nfe, 1)).astype(np.float32)
-    stats = {"mode": "spec", "drafter": gcfg.drafter, "draft_length": gcfg.draft_length,
-             "mean_tokens_per_forward": float(tpf.mean()), "prompt_width": int(tokens.shape[1]), **summarize(raw)}
-    return GenerationOutput(tokens=np.asarray(raw["tokens"], np.int32), lengths=out_lengths,
-                            num_forward_passes=nfe, tokens_per_forward=tpf, stats=stats)
+
+DECODER = Decoder(run, stats, check, uses_adapter=True)

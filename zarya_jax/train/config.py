@@ -1,27 +1,27 @@
 """A training run's whole configuration: model, zarya, optim, data, mesh and train sections.
 
-Built from a preset name (`experiments/configs/<name>.yaml`) or a YAML/JSON file, then dotted
-`key=value` overrides (`zarya.alpha0=0.3`, `model.num_layers=2`, `optim.lr=1e-3`, `data.train=x.jsonl`,
-`mesh.fsdp=2`). The `model` section is a preset name or a dict of `ModelConfig` fields, optionally with
-`preset: NAME` as the base. Every knob is a dataclass field; `knobs()` lists them for `--help`.
+Built from a preset name (`zarya_jax/configs/<name>.yaml`: tiny, small, 100m, qwen3-0.6b) or a
+YAML/JSON file, then dotted `key=value` overrides (`zarya.alpha0=0.3`, `model.num_layers=2`,
+`optim.lr=1e-3`, `data.train=x.jsonl`, `mesh.fsdp=2`) through `zarya_jax.overrides`. The `model` section
+is a preset name or a dict of `ModelConfig` fields, optionally with `preset: NAME` as the base. Every
+knob is a dataclass field; `knobs()` lists them for `--help`.
 """
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import os
-import typing
 from typing import Any
 
 import yaml
 
-from .config import ConfigError, ModelConfig, ZaryaConfig, preset
-from .data import DataConfig
+from .. import overrides as ov
+from ..config import ConfigError, ModelConfig, ZaryaConfig, preset
+from ..data.pipeline import DataConfig
 from .optim import OptimConfig
 from .sharding import MeshConfig
 
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "configs")
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,14 +64,17 @@ class RunConfig:
     train: TrainConfig = TrainConfig()
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return ov.to_dict(self)
 
     def replace(self, **sections) -> "RunConfig":
         return dataclasses.replace(self, **sections)
 
+    def run_config(self) -> "RunConfig":
+        """The trainer's sections only (for an entry point's extension of RunConfig)."""
+        return RunConfig(**{name: getattr(self, name) for name in SECTIONS})
 
-SECTIONS: dict[str, type] = {"model": ModelConfig, "zarya": ZaryaConfig, "optim": OptimConfig,
-                             "data": DataConfig, "mesh": MeshConfig, "train": TrainConfig}
+
+SECTIONS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RunConfig))
 
 # Fields a resumed run may change without being a different run.
 RESUMABLE_CHANGES = {
@@ -81,79 +84,26 @@ RESUMABLE_CHANGES = {
 }
 
 
-def _field_types(cls) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+def knobs(cls: type = RunConfig) -> list[tuple[str, str, Any]]:
+    """(dotted key, type, default) of every overridable knob of a run config class (`RunConfig` or an
+    entry point's extension of it); `model.*` defaults come from the preset."""
+    return [("model.preset", "str", "-")] + [
+        (key, tname, "(preset)" if default == "(required)" else default) for key, tname, default in ov.keys(cls)]
 
 
-def _coerce(key: str, value: Any, tp: Any) -> Any:
-    """Converts a parsed YAML value to a field type (tuples from lists or comma strings)."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _coerce(key, value, inner[0])
-    if origin is tuple:
-        if isinstance(value, str):
-            value = [v for v in value.split(",") if v] if value else []
-        if not isinstance(value, (list, tuple)):
-            value = [value]
-        return tuple(_coerce(key, v, args[0]) for v in value)
-    if tp in (int, float) and isinstance(value, str):
-        # YAML 1.1 reads `1e-3` (no dot) as a string, and `2,4` splits into strings
-        try:
-            value = float(value)
-        except ValueError:
-            pass
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-            return value.lower() in ("true", "1", "yes")
-        raise ConfigError(f"{key}={value!r}: expected true or false")
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
-            raise ConfigError(f"{key}={value!r}: expected an integer")
-        return int(value)
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}={value!r}: expected a number")
-        return float(value)
-    if tp is str:
-        return str(value)
-    return value
-
-
-def _unknown(key: str, known) -> ConfigError:
-    close = difflib.get_close_matches(key, list(known), n=3)
-    hint = f"; did you mean {close}?" if close else ""
-    return ConfigError(f"unknown config key {key!r}{hint} (run with --help for the list)")
-
-
-def knobs() -> list[tuple[str, str, Any]]:
-    """(dotted key, type, default) of every overridable knob; `model.*` defaults come from the preset."""
-    out = [("model.preset", "str", "-")]
-    for section, cls in SECTIONS.items():
-        types = _field_types(cls)
-        for f in dataclasses.fields(cls):
-            default = f.default if f.default is not dataclasses.MISSING else "(preset)"
-            tname = getattr(types[f.name], "__name__", None) or str(types[f.name]).replace("typing.", "")
-            out.append((f"{section}.{f.name}", tname, default))
-    return out
+def presets() -> list[str]:
+    return sorted(os.path.splitext(f)[0] for f in os.listdir(CONFIG_DIR)) if os.path.isdir(CONFIG_DIR) else []
 
 
 def resolve_config_path(name_or_path: str) -> str:
-    """A preset name in experiments/configs/ or a path to a YAML/JSON file."""
+    """A preset name in zarya_jax/configs/ or a path to a YAML/JSON file."""
     if os.path.isfile(name_or_path):
         return name_or_path
     for ext in (".yaml", ".yml", ".json"):
         cand = os.path.join(CONFIG_DIR, name_or_path + ext)
         if os.path.isfile(cand):
             return cand
-    available = sorted(os.path.splitext(f)[0] for f in os.listdir(CONFIG_DIR)) if os.path.isdir(CONFIG_DIR) else []
-    raise ConfigError(f"--config {name_or_path!r} is neither a file nor a preset; presets: {available}")
+    raise ConfigError(f"--config {name_or_path!r} is neither a file nor a preset; presets: {presets()}")
 
 
 def load_raw(name_or_path: str) -> dict[str, Any]:
@@ -168,64 +118,38 @@ def load_raw(name_or_path: str) -> dict[str, Any]:
     return raw
 
 
-def parse_override(text: str) -> tuple[str, Any]:
-    """'a.b=value' -> ('a.b', YAML-parsed value)."""
-    if "=" not in text:
-        raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. optim.lr=1e-3")
-    key, value = text.split("=", 1)
-    try:
-        parsed = yaml.safe_load(value) if value.strip() else ""
-    except yaml.YAMLError:
-        parsed = value
-    return key.strip(), parsed
-
-
-def build(raw: dict[str, Any], overrides: list[str] | dict[str, Any] = ()) -> RunConfig:
-    """RunConfig from a raw nested dict plus dotted overrides."""
-    raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
-    unknown = set(raw) - set(SECTIONS)
+def build(raw: dict[str, Any], overrides: list[str] | dict[str, Any] = (), cls: type = RunConfig) -> RunConfig:
+    """A run config (`cls`: RunConfig or an extension with more sections) from a raw nested dict (a
+    config file's sections) plus dotted overrides."""
+    sections = tuple(f.name for f in dataclasses.fields(cls))
+    unknown = set(raw) - set(sections)
     if unknown:
-        raise ConfigError(f"unknown config sections {sorted(unknown)}: expected {list(SECTIONS)}")
-    if isinstance(raw.get("model"), str):
-        raw["model"] = {"preset": raw["model"]}
-    items = overrides.items() if isinstance(overrides, dict) else (parse_override(o) for o in overrides)
-    for key, value in items:
-        section, _, field = key.partition(".")
-        if section not in SECTIONS or not field:
-            raise _unknown(key, [k for k, _, _ in knobs()])
-        raw.setdefault(section, {})
-        if not isinstance(raw[section], dict):
-            raise ConfigError(f"config section {section!r} must be a mapping")
-        raw[section][field] = value
-    sections = {}
-    for name, cls in SECTIONS.items():
-        values = dict(raw.get(name) or {})
-        types = _field_types(cls)
-        base = None
-        if name == "model":
-            preset_name = values.pop("preset", None)
-            if preset_name is not None:
-                base = preset(str(preset_name))
-            elif "vocab_size" not in values:
-                raise ConfigError("the model section needs a preset (model.preset=tiny) or full ModelConfig fields")
-        for k in values:
-            if k not in types:
-                raise _unknown(f"{name}.{k}", [kk for kk, _, _ in knobs()])
-        kwargs = {k: _coerce(f"{name}.{k}", v, types[k]) for k, v in values.items()}
-        try:
-            sections[name] = dataclasses.replace(base, **kwargs) if base is not None else cls(**kwargs)
-        except TypeError as e:
-            raise ConfigError(f"config section {name!r}: {e}") from None
-    return RunConfig(**sections)
+        raise ConfigError(f"unknown config sections {sorted(unknown)}: expected {list(sections)}")
+    model = raw.get("model") or {}
+    model = {"preset": model} if isinstance(model, str) else dict(model)
+    flat = ov.parse_all(overrides)
+    for key in [k for k in flat if k.startswith("model.")]:
+        model[key.partition(".")[2]] = flat.pop(key)
+    preset_name = model.pop("preset", None)
+    if preset_name is None and "vocab_size" not in model:
+        raise ConfigError("the model section needs a preset (model.preset=tiny) or full ModelConfig fields")
+    base = preset(str(preset_name)) if preset_name is not None else None
+    built = {"model": ov.build(ModelConfig, model, "model.", base=base)}
+    for name in sections[1:]:
+        section = raw.get(name) or {}
+        if not isinstance(section, dict):
+            raise ConfigError(f"config section {name!r} must be a mapping")
+        built[name] = ov.build(ov.field_types(cls)[name], section, name + ".")
+    return ov.apply(cls(**built), flat)
 
 
-def load(name_or_path: str, overrides: list[str] | dict[str, Any] = ()) -> RunConfig:
-    return build(load_raw(name_or_path), overrides)
+def load(name_or_path: str, overrides: list[str] | dict[str, Any] = (), cls: type = RunConfig) -> RunConfig:
+    return build(load_raw(name_or_path), overrides, cls)
 
 
 def from_dict(d: dict[str, Any]) -> RunConfig:
     """Inverse of `RunConfig.to_dict` (the workdir's run_config.json)."""
-    return build({k: dict(v) for k, v in d.items()})
+    return build(d)
 
 
 def diff(a: RunConfig, b: RunConfig, ignore=RESUMABLE_CHANGES) -> list[str]:

@@ -7,7 +7,8 @@ import os
 
 import jax
 
-from .config import ModelConfig
+from ..config import ModelConfig
+from ..files import atomic_write
 
 # Dense bf16 peak FLOP/s per device (vendor data sheets), matched as substrings of `device_kind`.
 PEAK_FLOPS = (
@@ -72,13 +73,10 @@ class MetricsLog:
         if os.path.exists(self.path):
             with open(self.path) as f:
                 keep = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= start_step]
-            tmp = self.path + ".tmp"
-            with open(tmp, "w") as f:
-                f.writelines(keep)
-            os.replace(tmp, self.path)
+            atomic_write(self.path, "".join(keep))
         self._file = open(self.path, "a")
         if tensorboard:
-            from tensorboardX import SummaryWriter
+            from tensorboardX import SummaryWriter  # protobuf and friends load only when a run logs
             self._tb = SummaryWriter(os.path.join(workdir, "tb"))
 
     def write(self, step: int, metrics: dict) -> None:

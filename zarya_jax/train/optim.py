@@ -7,7 +7,7 @@ global norm is over what is trained. A wholly separate frozen tree (e.g. the AR 
 drafter) is better passed to the trainer as `frozen` params: it then gets no gradient at all.
 
 Gradient accumulation is done by the train step (a scan over micro-batches inside one jitted
-step, see `trainer.py`), not here; `grad_accum_steps` lives in this config because it is an
+step, see `train/step.py`), not here; `grad_accum_steps` lives in this config because it is an
 optimization knob.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from .config import ConfigError
+from ..config import ConfigError
 from .sharding import path_str
 
 SCHEDULES = ("cosine", "constant", "wsd")

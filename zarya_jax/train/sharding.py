@@ -20,9 +20,11 @@ from typing import Any, Sequence
 
 import jax
 import numpy as np
+import optax
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from .config import ConfigError
+from ..config import ConfigError
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")  # the batch dim is split over both data-parallel axes
@@ -45,7 +47,7 @@ RULES: dict[str, Any] = {
 }
 
 # Param path (joined with '/') -> logical axes of its dims. First full match wins.
-# Covers the model params (model.py) and the gated-LoRA adapter tree (lora.py).
+# Covers the model params (nn/model.py) and the gated-LoRA adapter tree (nn/lora.py).
 PARAM_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
     (r"(.*/)?embed", ("vocab", "embed")),
     (r"(.*/)?lm_head", ("embed", "vocab")),
@@ -122,7 +124,6 @@ def make_mesh(config: MeshConfig, devices: Sequence[jax.Device] | None = None) -
     shape = resolve_mesh_shape(config, len(devices))
     if config.num_devices == -1 and jax.process_count() == 1:
         try:  # topology-aware device order on real accelerators
-            from jax.experimental import mesh_utils
             arr = mesh_utils.create_device_mesh(shape, devices)
         except Exception:  # noqa: BLE001 - e.g. CPU devices; plain order is fine there
             arr = np.asarray(devices).reshape(shape)
@@ -181,8 +182,6 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 def opt_state_shardings(optimizer, opt_state_shapes, params_shardings, mesh: Mesh):
     """Optimizer state mirrors the params (Adam's mu/nu): same shardings; scalars (counts) replicate."""
-    import optax
-
     return optax.tree_utils.tree_map_params(
         optimizer, lambda _, s: s, opt_state_shapes, params_shardings,
         transform_non_params=lambda _: replicated(mesh),
@@ -216,11 +215,11 @@ def maybe_initialize_distributed(mode: str = "auto") -> bool:
 
     mode 'on' always initializes (arguments from the environment / cluster auto-detection, e.g.
     TPU pods, SLURM, Open MPI); 'off' never; 'auto' when a coordinator address is in the environment
-    or SLURM / Open MPI report more than one task.
+    or SLURM / Open MPI report more than one task. Does nothing when already initialized.
     """
     if mode not in ("auto", "on", "off"):
         raise ConfigError(f"train.distributed={mode!r}: expected 'auto', 'on' or 'off'")
-    if mode == "off":
+    if mode == "off" or jax.distributed.is_initialized():
         return False
     if mode == "auto":
         multi = any(os.environ.get(k) for k in _MULTIHOST_ENV)

@@ -1,10 +1,9 @@
-"""Sharded training: the train state, the jitted train/eval steps, and the loop (`train`).
+"""Sharded training step: the train state, the jitted train/eval steps and their compile cache.
 
-The loop is objective-agnostic. An `Objective` supplies
-`loss_fn(trainable, frozen, batch, key, info) -> (loss, metrics)` and, per step, a hashable static
-value (`static_at(step, total_steps)`, Zarya's slot size, SPEC §2.1) that fixes shapes: one compile
-per distinct value. Only `trainable` gets gradients and optimizer state; `frozen` (e.g. the AR base
-under a LoRA drafter, SPEC §7) is passed through, sharded but never updated or checkpointed.
+Objective-agnostic: an `objectives.Objective` supplies the loss and, per step, a hashable static value
+(Zarya's slot size, SPEC §2.1) that fixes shapes, so `StepCache` compiles one step per distinct value.
+Only `trainable` gets gradients and optimizer state; `frozen` (e.g. the AR base under a LoRA drafter,
+SPEC §7) is passed through, sharded but never updated or checkpointed.
 
 Train state (a dict, all of it checkpointed): `step` int32, `params` (trainable, fp32 master
 weights), `opt_state` (fp32 Adam moments), `rng` (the run key's data), `bad_step` int32 (-1, or the
@@ -18,8 +17,7 @@ with `NonFiniteError`, so no broken state is ever checkpointed.
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable, Hashable
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -27,54 +25,13 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from ..objectives.base import Objective, StepInfo
 from . import sharding as shd
-from .config import ModelConfig, ZaryaConfig
 from .optim import OptimConfig, make_optimizer, make_schedule, trainable_labels
 
 
 class NonFiniteError(FloatingPointError):
     """The loss or gradient became NaN/Inf; the state was not updated and not checkpointed."""
-
-
-@dataclasses.dataclass(frozen=True)
-class StepInfo:
-    """What a loss function knows about the step: `step` (traced int32), the static value of this
-    compile (`static`, e.g. the slot size) and the run length."""
-
-    step: jax.Array
-    static: Any
-    total_steps: int
-
-
-def _no_static(step: int, total_steps: int) -> Hashable:
-    return None
-
-
-@dataclasses.dataclass(frozen=True)
-class Objective:
-    """A training objective. `loss_fn(trainable, frozen, batch, key, info: StepInfo) -> (loss, metrics)`
-    with scalar fp32 loss and a dict of scalar metrics; `forward_passes` (per example, for the MFU
-    estimate)."""
-
-    loss_fn: Callable[..., tuple[jax.Array, dict]]
-    static_at: Callable[[int, int], Hashable] = _no_static
-    forward_passes: float = 1.0
-    name: str = "custom"
-
-
-def zarya_objective(model_config: ModelConfig, zarya_config: ZaryaConfig) -> Objective:
-    """Zarya's hybrid loss (SPEC §2–§3); the slot size follows the curriculum (SPEC §2.1)."""
-    from . import curriculum, losses
-
-    def loss_fn(params, frozen, batch, key, info):
-        return losses.zarya_loss(params, model_config, zarya_config, batch, key, info.static)
-
-    if zarya_config.slotted_training:
-        def static_at(step, total):
-            return curriculum.slot_size_at(zarya_config, step, total)
-        return Objective(loss_fn, static_at, 1.0, "zarya-slotted")
-    # The non-slotted objective runs a sequential and a diffusion pass (SPEC §3.3).
-    return Objective(loss_fn, lambda step, total: 0, 2.0, "zarya-eso")
 
 
 # ------------------------------------------------------------------ state and shardings
@@ -220,12 +177,5 @@ def build_optimizer(optim_config: OptimConfig, total_steps: int, params):
 
 def host_fingerprint(batch: dict[str, np.ndarray]) -> int:
     """crc32 of this host's batch tokens: a cheap record of the data order (logged as data_crc)."""
-    import zlib
-
     return zlib.crc32(np.ascontiguousarray(batch["tokens"]).tobytes())
 
-
-from .train_loop import train  # noqa: E402  (the loop lives in its own module; re-exported here)
-
-__all__ = ["NonFiniteError", "Objective", "StepInfo", "zarya_objective", "train", "init_state",
-           "state_shardings", "make_train_step", "make_eval_step", "StepCache", "build_optimizer"]

@@ -1,0 +1,4 @@
+"""The checkpoint contract (`zarya_jax.checkpoint.load/save`, …): re-exported from `zarya_jax.nn.checkpoint`."""
+from .nn.checkpoint import load, load_config, load_zarya_config, save, tokenizer_dir
+
+__all__ = ["load", "load_config", "load_zarya_config", "save", "tokenizer_dir"]

@@ -1,0 +1,30 @@
+"""Zarya's hybrid AR + MDM objective (SPEC §2–§3) as an `Objective` for the trainer.
+
+Slotted training (the default) compiles once per slot size of the curriculum (SPEC §2.1); the
+non-slotted (Eso-LM style) objective runs a sequential and a diffusion pass per example (SPEC §3.3).
+The trained params are a whole model, so the objective exports them as a `zarya_jax.checkpoint` with
+the Zarya hyperparameters.
+"""
+from __future__ import annotations
+
+from ..config import ModelConfig, ZaryaConfig
+from ..nn import checkpoint
+from . import curriculum, losses
+from .base import Objective
+
+
+def zarya_objective(model_config: ModelConfig, zarya_config: ZaryaConfig) -> Objective:
+    """Zarya's hybrid loss (SPEC §2–§3); the slot size follows the curriculum (SPEC §2.1)."""
+
+    def loss_fn(params, frozen, batch, key, info):
+        return losses.zarya_loss(params, model_config, zarya_config, batch, key, info.static)
+
+    def export(params, path, tokenizer):
+        return checkpoint.save(path, params, model_config, zarya_config, overwrite=True, tokenizer=tokenizer)
+
+    if zarya_config.slotted_training:
+        def static_at(step, total):
+            return curriculum.slot_size_at(zarya_config, step, total)
+        return Objective(loss_fn, static_at, 1.0, "zarya-slotted", export)
+    # The non-slotted objective runs a sequential and a diffusion pass (SPEC §3.3).
+    return Objective(loss_fn, lambda step, total: 0, 2.0, "zarya-eso", export)

@@ -1,0 +1,162 @@
+"""Shared fixtures of the tests and the benchmarks (as gemma's `gm/testing`): one tiny model config,
+a deterministic synthetic text, small models trained on it in seconds, and random Hugging Face Qwen3
+models with their weights copied into our params.
+
+- `TINY`: a byte-tokenizer-sized Qwen3 (2 layers × 64d, vocab 264) with the mask token at 259, EOS at
+  258 and pad at 256; `tiny_config(**changes)` varies it.
+- `synthetic_tokens` / `batch_of`: letter sequences with a per-row stride, x_{i+1} = a + (x_i − a + k)
+  mod 26, as a supervised batch.
+- `pretrain_ar`: an AR model on that text (+ an MDM loss on masked copies, so it can self-draft);
+  `fit_adapter`: a gated-LoRA drafter trained on it with the TV loss and the block curriculum.
+- `UNO_CONFIG` (`TINY` with an untied head), `UNO_LORA`, `UNO_DRAFTER` and, built once per process,
+  `uno_random_params()`, `uno_trained_params()` (briefly trained with AR + MDM losses, so the AR model is
+  predictable and its MDM pass can self-draft) and `uno_adapters()` (an untrained adapter and one
+  trained a little with the TV loss): the models of the Uno tests.
+- `random_hf_model`: a random transformers `Qwen3ForCausalLM` of a `ModelConfig`, and its params.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from .config import LoraConfig, ModelConfig, to_hf_dict
+from .nn import hf_params
+from .nn import lora as lora_lib
+from .nn import model as model_lib
+from .objectives import drafter as drafter_lib
+
+TINY = ModelConfig(vocab_size=264, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                   head_dim=16, max_position_embeddings=512, mask_token_id=259, eos_token_id=258, pad_token_id=256)
+LETTERS = 97  # 'a'
+ALPHABET = 26
+
+
+def tiny_config(**changes) -> ModelConfig:
+    """`TINY` with some fields changed (e.g. `tie_word_embeddings=False`, `hidden_size=128`)."""
+    return TINY.replace(**changes) if changes else TINY
+
+
+# ------------------------------------------------------------------ synthetic text and quick training
+def synthetic_tokens(rng: np.random.Generator, batch: int, length: int, strides=(1, 2, 3)) -> np.ndarray:
+    """int32 [batch, length] letter ids: x_{i+1} = a + (x_i − a + k) mod 26, k drawn per row."""
+    start = rng.integers(0, ALPHABET, (batch, 1))
+    k = rng.choice(np.asarray(strides), (batch, 1))
+    return (LETTERS + (start + k * np.arange(length)[None, :]) % ALPHABET).astype(np.int32)
+
+
+def batch_of(tokens: np.ndarray) -> dict:
+    """Rows of tokens as a supervised batch (`data.batch` layout), every token an answer token."""
+    b, n = tokens.shape
+    return {"tokens": jnp.asarray(tokens), "segment_ids": jnp.ones((b, n), jnp.int32),
+            "positions": jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n)),
+            "answer_mask": jnp.ones((b, n), bool)}
+
+
+def pretrain_ar(config: ModelConfig, *, steps: int = 200, batch: int = 32, length: int = 32, lr: float = 3e-3,
+                mdm_weight: float = 0.0, seed: int = 0):
+    """A small AR model on the synthetic text (next-token CE). With mdm_weight > 0, also a masked
+    copy (random mask rate, MDM convention: a mask predicts its own token) so the model can self-draft.
+    Returns (params, final loss)."""
+    params = jax.jit(model_lib.init_params, static_argnums=0)(config, jax.random.PRNGKey(seed))
+    opt = optax.adam(lr)
+    state = opt.init(params)
+
+    def loss_fn(p, toks, key):
+        logits = model_lib.forward(p, config, toks)
+        lp = jax.nn.log_softmax(logits[:, :-1], -1)
+        ce = -jnp.take_along_axis(lp, toks[:, 1:, None], -1).mean()
+        if mdm_weight == 0:
+            return ce
+        k1, k2 = jax.random.split(key)
+        rate = jax.random.uniform(k1, (toks.shape[0], 1), minval=0.1, maxval=1.0)
+        masked = jax.random.bernoulli(k2, rate, toks.shape) & (jnp.arange(toks.shape[1]) > 0)
+        noisy = jnp.where(masked, config.mask_token_id, toks)
+        lq = jax.nn.log_softmax(model_lib.forward(p, config, noisy), -1)
+        mce = -jnp.take_along_axis(lq, toks[..., None], -1)[..., 0]
+        return ce + mdm_weight * (mce * masked).sum() / jnp.maximum(masked.sum(), 1)
+
+    @jax.jit
+    def step(p, s, toks, key):
+        loss, g = jax.value_and_grad(loss_fn)(p, toks, key)
+        upd, s = opt.update(g, s, p)
+        return optax.apply_updates(p, upd), s, loss
+
+    rng = np.random.default_rng(seed)
+    for i in range(steps):
+        params, state, loss = step(params, state, jnp.asarray(synthetic_tokens(rng, batch, length)),
+                                   jax.random.PRNGKey(i))
+    return params, float(loss)
+
+
+def fit_adapter(params, config: ModelConfig, lora: LoraConfig, dcfg: drafter_lib.DrafterConfig, *, steps: int = 100,
+                batch: int = 16, length: int = 32, lr: float = 3e-3, seed: int = 0, lora_params=None):
+    """In-memory drafter training (TV loss, block curriculum, the adapter's noise) on the synthetic text:
+    only the adapter is differentiated and updated. Returns (lora_params, [loss per step])."""
+    if lora_params is None:
+        lora_params = lora_lib.init_lora(config, lora, jax.random.PRNGKey(seed + 1))
+    opt = optax.adam(lr)
+    state = opt.init(lora_params)
+
+    @jax.jit
+    def step(lp, s, b, key, block):
+        pair = drafter_lib.make_pair_batch(key, b, block, config, lora)
+        (loss, m), g = jax.value_and_grad(drafter_lib.drafter_loss, has_aux=True)(lp, params, config, lora, pair, dcfg)
+        upd, s = opt.update(g, s, lp)
+        return optax.apply_updates(lp, upd), s, loss
+
+    rng = np.random.default_rng(seed + 7)
+    losses = []
+    for i in range(steps):
+        block = drafter_lib.block_size_at(i, steps, dcfg)
+        lora_params, state, loss = step(lora_params, state, batch_of(synthetic_tokens(rng, batch, length)),
+                                        jax.random.PRNGKey(1000 + i), jnp.int32(block))
+        losses.append(float(loss))
+    return lora_params, losses
+
+
+# ------------------------------------------------------------------ the Uno test models
+UNO_CONFIG = tiny_config(tie_word_embeddings=False)
+UNO_LORA = LoraConfig(rank=8, alpha=64.0)
+UNO_DRAFTER = drafter_lib.DrafterConfig(block_sizes=(2, 4, 6))
+
+
+@functools.cache
+def uno_random_params():
+    """`UNO_CONFIG` with random weights (varied greedy outputs)."""
+    return jax.jit(model_lib.init_params, static_argnums=0)(UNO_CONFIG, jax.random.PRNGKey(0))
+
+
+@functools.cache
+def uno_trained_params():
+    """`UNO_CONFIG` trained for 80 steps on the synthetic text with AR and MDM losses."""
+    params, _ = pretrain_ar(UNO_CONFIG, steps=80, batch=16, length=24, lr=1e-2, mdm_weight=1.0)
+    return params
+
+
+@functools.cache
+def uno_adapters():
+    """(untrained adapter, adapter trained for 120 TV steps on `uno_trained_params()`, its losses)."""
+    untrained = lora_lib.init_lora(UNO_CONFIG, UNO_LORA, jax.random.PRNGKey(1))
+    trained, losses = fit_adapter(uno_trained_params(), UNO_CONFIG, UNO_LORA, UNO_DRAFTER, steps=120, lr=1e-2,
+                                  lora_params=untrained)
+    return untrained, trained, losses
+
+
+# ------------------------------------------------------------------ random Hugging Face models
+def random_hf_model(config: ModelConfig, seed: int = 0, **hf_overrides):
+    """(a random transformers Qwen3ForCausalLM with `config`'s dimensions (fp32, eager attention, CPU,
+    weights from `torch.manual_seed(seed)`), the same weights as our params pytree). `hf_overrides` go
+    to its Qwen3Config (e.g. `initializer_range=0.2`)."""
+    import torch  # torch and transformers' PyTorch side load only for the HF comparisons
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    hf_config = Qwen3Config.from_dict({**to_hf_dict(config), "dtype": "float32", "attn_implementation": "eager",
+                                       **hf_overrides})
+    model = Qwen3ForCausalLM(hf_config).eval()
+    state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    return model, jax.tree.map(jnp.asarray, hf_params.from_hf(state, config))

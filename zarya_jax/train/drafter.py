@@ -1,0 +1,83 @@
+"""Uno's drafter run (SPEC §7): train a gated-LoRA adapter on a frozen checkpoint with the shared loop.
+
+`DrafterRunConfig` is the entry point's config tree: the trainer's sections (the model comes from the
+base checkpoint) plus `lora` (rank, alpha and the noise convention the adapter is trained and sampled
+with) and `drafter` (block curriculum and loss weights). `train_drafter` loads and freezes the base,
+trains only the adapter (sharded, checkpointed, resumable like any run) and saves it to
+WORKDIR/adapter/ (`nn.lora.save`); WORKDIR/drafter.json records the settings, so a rerun with other
+drafter settings is refused unless forced.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Sequence
+
+from .. import overrides as ov
+from ..config import ConfigError, LoraConfig
+from ..files import atomic_write_json
+from ..nn import checkpoint as ckpt_lib
+from ..nn import lora as lora_lib
+from ..objectives.drafter import DrafterConfig, drafter_objective
+from . import config as rc
+from .hooks import Hook
+from .loop import train
+
+# Uno trains the adapter without weight decay; the trained params are an adapter, not a model.
+DEFAULTS = {"optim.weight_decay": 0.0, "train.export_final": False}
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterRunConfig(rc.RunConfig):
+    """The run sections plus the adapter (`lora`) and the drafter objective (`drafter`)."""
+
+    lora: LoraConfig = LoraConfig()
+    drafter: DrafterConfig = DrafterConfig()
+
+
+def load_config(name_or_path: str, overrides: list[str] | dict[str, Any] = ()) -> DrafterRunConfig:
+    """A preset or YAML/JSON file (its model section is replaced by the base checkpoint's) with the
+    drafter defaults, then the dotted overrides."""
+    return rc.load(name_or_path, {**DEFAULTS, **ov.parse_all(overrides)}, cls=DrafterRunConfig)
+
+
+def _settings(base: str, cfg: DrafterRunConfig) -> dict:
+    """What WORKDIR/drafter.json records (and a resumed run must match)."""
+    d = cfg.drafter
+    return {"base": os.path.abspath(base), "lora": {"rank": cfg.lora.rank, "alpha": cfg.lora.alpha},
+            "drafter": {"block_sizes": list(d.block_sizes), "block_borders": d.block_borders, "noise": cfg.lora.noise,
+                        "tv_weight": d.tv_weight, "ce_weight": d.ce_weight, "kl_weight": d.kl_weight}}
+
+
+def train_drafter(cfg: DrafterRunConfig, base: str, workdir: str, *, force: bool = False,
+                  hooks: Sequence[Hook] = ()) -> dict:
+    """Trains (or resumes) the adapter on the frozen checkpoint `base`; returns the loop's summary plus
+    `adapter` (the saved adapter file) when the run completed."""
+    if not os.path.isdir(base):
+        raise FileNotFoundError(f"--base {base!r}: expected a checkpoint directory")
+    base_config = ckpt_lib.load_config(base)
+    if cfg.lora.noise == "mask" and base_config.mask_token_id is None:
+        raise ConfigError(f"lora.noise=mask needs a mask token, but {base} has mask_token_id=None")
+    run = cfg.run_config()
+    run = run.replace(model=base_config.replace(dtype=run.model.dtype, remat=run.model.remat))
+    settings = _settings(base, cfg)
+    meta_path = os.path.join(workdir, "drafter.json")
+    if os.path.exists(meta_path) and not force:
+        with open(meta_path) as f:
+            old = json.load(f)
+        if old != json.loads(json.dumps(settings)):
+            raise ConfigError(f"workdir {workdir!r} holds a drafter run with different settings {old}; "
+                              f"refusing to resume (use --force or another --workdir)")
+    base_params, _ = ckpt_lib.load(base)
+    model_config, lora = run.model, cfg.lora
+    objective = drafter_objective(model_config, lora, cfg.drafter)
+    os.makedirs(workdir, exist_ok=True)
+    atomic_write_json(meta_path, settings)
+    summary = train(run, workdir, force=force, objective=objective,
+                    init_params=lambda key: lora_lib.init_lora(model_config, lora, key),
+                    frozen_params=base_params, hooks=hooks, return_state=True)
+    state = summary.pop("state")
+    if summary["status"] == "completed":
+        summary["adapter"] = str(lora_lib.save(os.path.join(workdir, "adapter"), state["params"], lora))
+    return summary
