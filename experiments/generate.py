@@ -1,14 +1,17 @@
 """Generate text from a checkpoint in any mode (SPEC §4–§7).
 
     python -m experiments.generate --ckpt CKPT --prompt "Hello" [--prompt "…"] --mode slotted
-    python -m experiments.generate --ckpt CKPT --prompts-file prompts.txt --mode ar --batch-size 8
+    python -m experiments.generate --ckpt CKPT --prompts-file prompts.txt --mode ar --batch-size 8 \
+        --set temperature=0.7 --set top_p=0.9
 
 Prompts: `--prompt` (repeatable) or `--prompts-file` (one prompt per line; `.jsonl` files hold
 objects with a "prompt" field). Tokenizer: the checkpoint's own (CKPT/tokenizer/) if present, else
-`--tokenizer DIR`, else the byte tokenizer. Prompts run in batches of `--batch-size`; the text of
-each row is printed as soon as its batch finishes. `--output F.jsonl` also writes one record per
-prompt (written to a temporary file, renamed when complete). Bad input exits with status 2 and a
-message on stderr, before anything is generated.
+`--tokenizer DIR`, else the byte tokenizer. Every `GenerationConfig` field is a knob: `--set FIELD=VALUE`
+(YAML values; list below); `--mode` and `--max-new-tokens` are shorthands for two of them. Prompts run
+in batches of `--batch-size`; the text of each row is printed as soon as its batch finishes.
+`--output F.jsonl` also writes one record per prompt (written to a temporary file, renamed when
+complete). A LoRA drafter (`--lora DIR`) is sampled with the noise convention it was trained with. Bad
+input exits with status 2 and a message on stderr, before anything is generated.
 """
 from __future__ import annotations
 
@@ -16,14 +19,22 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 
-MODES = ("ar", "mdm", "slotted", "spec")
+import jax
+
+from zarya_jax import checkpoint
+from zarya_jax import lora as lora_lib
+from zarya_jax import overrides
+from zarya_jax.data.tokenizer import load_tokenizer
+from zarya_jax.files import atomic_write_jsonl
+from zarya_jax.sampling import GenerationConfig, generate
+from zarya_jax.sampling.config import MODES
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m experiments.generate", description=__doc__,
+                                epilog=overrides.help_table(overrides.keys(GenerationConfig)),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", action="append", help="a prompt (repeat for several)")
@@ -31,25 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ckpt", required=True, help="checkpoint directory (zarya_jax.checkpoint.save)")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory or 'byte' (when the checkpoint has none)")
     p.add_argument("--mode", choices=MODES, default=None,
-                   help="sampler; default routes by --slotted-generation (mode B if set, else mode A)")
-    p.add_argument("--slotted-generation", action="store_true", help="route to mode B when --mode is not given")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=0, help="0 = off")
-    p.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
-    p.add_argument("--repetition-penalty", type=float, default=1.0, help="1.0 = off")
-    p.add_argument("--steps", type=int, default=0, help="mode A: T (0 → ⌈M/4⌉ steps of ≤ 4 tokens)")
-    p.add_argument("--alpha0", type=float, default=0.25, help="mode A: diffusion share of the budget")
-    p.add_argument("--slot-size", type=int, default=8, help="mode B")
-    p.add_argument("--serial-num-blocks", type=int, default=2, help="mode B")
-    p.add_argument("--slot-threshold", type=float, default=0.9, help="mode B τs (> 1: one slot per plan)")
-    p.add_argument("--token-threshold", type=float, default=0.9, help="mode B τt")
-    p.add_argument("--draft-length", type=int, default=8, help="mode spec: F")
-    p.add_argument("--drafter", choices=("lora", "self"), default="lora", help="mode spec")
-    p.add_argument("--lora", default=None, help="mode spec with --drafter lora: LoRA adapter directory")
-    p.add_argument("--eos-token-id", type=int, default=None, help="default: the model's")
-    p.add_argument("--no-stop-at-eos", action="store_true", help="always generate --max-new-tokens")
-    p.add_argument("--prompt-bucket", type=int, default=16, help="pad prompt lengths to a multiple of this")
+                   help="sampler (the `mode` knob); default routes by slotted_generation (mode B if set, else mode A)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="the `max_new_tokens` knob")
+    p.add_argument("--set", dest="knobs", action="append", default=[], metavar="FIELD=VALUE",
+                   help="a GenerationConfig knob, e.g. temperature=0.7 (repeatable; list below)")
+    p.add_argument("--lora", default=None, help="mode spec with drafter=lora: LoRA adapter directory")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", default=None, help="also write JSONL records here")
@@ -86,8 +83,6 @@ def read_prompts(args) -> list[str]:
 
 
 def load_model(args):
-    from zarya_jax import checkpoint
-
     if not os.path.isdir(args.ckpt):
         raise ValueError(f"--ckpt {args.ckpt!r} is not a directory")
     try:
@@ -95,8 +90,6 @@ def load_model(args):
     except FileNotFoundError as e:
         raise ValueError(str(e)) from None
     tok_spec = checkpoint.tokenizer_dir(args.ckpt) or args.tokenizer
-    from zarya_jax.tokenizer import load_tokenizer
-
     try:
         tokenizer = load_tokenizer(tok_spec)
     except (OSError, ValueError) as e:
@@ -104,16 +97,10 @@ def load_model(args):
     return params, config, tokenizer
 
 
-def generation_config(args):
-    from zarya_jax.sampling import GenerationConfig
-
-    return GenerationConfig(
-        mode=args.mode, slotted_generation=args.slotted_generation, max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        repetition_penalty=args.repetition_penalty, steps=args.steps, alpha0=args.alpha0, slot_size=args.slot_size,
-        serial_num_blocks=args.serial_num_blocks, slot_threshold=args.slot_threshold,
-        token_threshold=args.token_threshold, draft_length=args.draft_length, drafter=args.drafter,
-        eos_token_id=args.eos_token_id, prompt_bucket=args.prompt_bucket, stop_at_eos=not args.no_stop_at_eos)
+def generation_config(args) -> GenerationConfig:
+    """`--mode` and `--max-new-tokens`, then the `--set` knobs, typed against GenerationConfig."""
+    base = GenerationConfig(mode=args.mode, max_new_tokens=args.max_new_tokens)
+    return overrides.apply(base, args.knobs)
 
 
 def main(argv=None) -> int:
@@ -130,18 +117,13 @@ def main(argv=None) -> int:
         lora_kwargs = {}
         if gc.resolved_mode == "spec" and gc.drafter == "lora":
             if args.lora is None:
-                raise ValueError("--mode spec with --drafter lora needs --lora DIR (the drafter adapter)")
-            from zarya_jax import lora as lora_lib
-
+                raise ValueError("--mode spec with drafter=lora needs --lora DIR (the drafter adapter)")
             lora_params, lora_cfg = lora_lib.load(args.lora)
+            lora_lib.check_lora(lora_params, config, lora_cfg)
             lora_kwargs = dict(lora_params=lora_params, lora=lora_cfg)
-    except ValueError as e:
+    except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    import jax
-
-    from zarya_jax.sampling import generate
-
     key = jax.random.PRNGKey(args.seed)
     records = []
     for start in range(0, len(prompts), args.batch_size):
@@ -163,13 +145,7 @@ def main(argv=None) -> int:
             print(texts[start + r] + text, flush=True)
         print(f"# batch {start // args.batch_size}: {wall:.2f} s, mode {out.stats['mode']}", file=sys.stderr)
     if args.output:
-        directory = os.path.dirname(os.path.abspath(args.output))
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-generate-")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for rec in records:
-                f.write(json.dumps(rec) + "\n")
-        os.replace(tmp, args.output)
+        atomic_write_jsonl(args.output, records)
     return 0
 
 

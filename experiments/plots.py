@@ -1,24 +1,19 @@
 """Plots (matplotlib, headless): accuracy vs tokens per forward, the training loss curve, sweep results."""
 from __future__ import annotations
 
-import os
-import tempfile
-
 import matplotlib
 
 matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 
+from zarya_jax.files import atomic_path  # noqa: E402
+
 
 def _save(fig, path: str) -> None:
     """Atomic PNG write."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".png")
-    os.close(fd)
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    with atomic_path(path, suffix=".png") as tmp:
+        fig.savefig(tmp, dpi=110, bbox_inches="tight")
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def report_plot(modes: list[dict], loss_curve: list[tuple[int, float]] | None, path: str, title: str = "") -> None:

@@ -14,8 +14,10 @@ A sweep file (YAML or JSON):
     grid:                      # a cartesian product (crossed with `runs` when both are given)
       zarya.diffusion_loss_proportion: [0.25, 0.5]
 
-The run config is the quickstart's (see `experiments/quickstart.py`: sections task, model, zarya,
-train, eval); each run trains a model and evaluates it in the configured decoding modes.
+The run config is the quickstart's (`experiments.pipeline.PipelineConfig`: sections task, model,
+zarya, optim, data, mesh, train, drafter, train_init, eval); its dotted keys are typed and checked by
+`zarya_jax.overrides` for every run before anything runs (also by --dry-run, which prints each run's
+typed overrides). Each run trains a model and evaluates it in the configured decoding modes.
 Resumable: a finished run leaves `<workdir>/<run>/DONE.json` (written atomically, so a killed run
 never looks finished) and is skipped next time; a failed run is recorded and retried next time.
 For pods, each host takes runs i with i % num_hosts == host_index. After the runs, the results of
@@ -25,7 +27,6 @@ every finished run (from any host, via the shared workdir) are collected into `r
 from __future__ import annotations
 
 import argparse
-import copy
 import csv
 import io
 import itertools
@@ -38,7 +39,12 @@ import traceback
 
 import yaml
 
-from .evaluate import atomic_write
+from zarya_jax import overrides
+from zarya_jax.config import ConfigError
+from zarya_jax.files import atomic_write, atomic_write_json
+
+from . import pipeline
+from .plots import sweep_plot
 
 DONE = "DONE.json"
 
@@ -101,24 +107,11 @@ def expand(spec: dict) -> list[tuple[str, dict]]:
     return out
 
 
-def apply_overrides(config: dict, overrides: dict) -> dict:
-    """Sets dotted keys (`zarya.slot_size_set`) in a copy of the nested run config; unknown
-    sections or keys are errors (a typo must not silently run the default)."""
-    config = copy.deepcopy(config)
-    for key, value in overrides.items():
-        parts = key.split(".")
-        node = config
-        for i, part in enumerate(parts[:-1]):
-            if not isinstance(node, dict) or part not in node:
-                raise SweepError(f"override {key!r}: unknown section {'.'.join(parts[:i + 1])!r}; "
-                                 f"expected one of {sorted(node) if isinstance(node, dict) else []}")
-            node = node[part]
-        leaf = parts[-1]
-        if not isinstance(node, dict) or (leaf not in node and not node.get("_open", False)):
-            raise SweepError(f"override {key!r}: unknown key {leaf!r}; expected one of "
-                             f"{sorted(k for k in node if not k.startswith('_')) if isinstance(node, dict) else []}")
-        node[leaf] = value
-    return config
+def configs(runs: list[tuple[str, dict]], extra: dict | None = None) -> dict[str, pipeline.PipelineConfig]:
+    """Every run's config: the pipeline defaults with the run's overrides (then `extra`) applied; a typo
+    or a badly typed value is a `ConfigError` naming the key, before anything runs."""
+    base = pipeline.default_config()
+    return {name: overrides.apply(base, {**ov, **(extra or {})}) for name, ov in runs}
 
 
 def my_share(runs: list, host_index: int, num_hosts: int) -> list:
@@ -133,16 +126,12 @@ def run_sweep(spec: dict, workdir: str, run_fn=None, host_index: int = 0, num_ho
 
     `run_fn(run_config, run_dir) -> metrics dict` defaults to the quickstart pipeline.
     """
-    from . import quickstart
-
-    run_fn = run_fn or quickstart.run_pipeline
+    run_fn = run_fn or pipeline.run_pipeline
     runs = expand(spec)
-    base_config = quickstart.default_run_config()
     # Validate every run's overrides before any compute, so a typo fails the sweep up front.
-    configs = {name: apply_overrides(base_config, {**ov, **(extra_overrides or {})}) for name, ov in runs}
+    run_configs = configs(runs, extra_overrides)
     os.makedirs(workdir, exist_ok=True)
-    atomic_write(os.path.join(workdir, "sweep.json"),
-                 json.dumps({"spec": spec, "runs": [n for n, _ in runs]}, indent=2, default=str))
+    atomic_write_json(os.path.join(workdir, "sweep.json"), {"spec": spec, "runs": [n for n, _ in runs]}, default=str)
     status = {"done": [], "skipped": [], "failed": []}
     for name, overrides in my_share(runs, host_index, num_hosts):
         overrides = {**overrides, **(extra_overrides or {})}
@@ -155,7 +144,7 @@ def run_sweep(spec: dict, workdir: str, run_fn=None, host_index: int = 0, num_ho
         log(f"[sweep] {name}: running {overrides}")
         t0 = time.time()
         try:
-            metrics = run_fn(configs[name], run_dir)
+            metrics = run_fn(run_configs[name], run_dir)
         except Exception as e:  # a failed run must not stop the others; it is retried on the next call.
             # (A signal is not a failure: KeyboardInterrupt, a BaseException, stops the whole sweep.)
             atomic_write(os.path.join(run_dir, "error.txt"), traceback.format_exc())
@@ -163,7 +152,7 @@ def run_sweep(spec: dict, workdir: str, run_fn=None, host_index: int = 0, num_ho
             status["failed"].append(name)
             continue
         record = {"name": name, "overrides": overrides, "metrics": metrics, "wall_s": time.time() - t0}
-        atomic_write(os.path.join(run_dir, DONE), json.dumps(record, indent=2, default=str))
+        atomic_write_json(os.path.join(run_dir, DONE), record, default=str)
         if os.path.exists(os.path.join(run_dir, "error.txt")):
             os.remove(os.path.join(run_dir, "error.txt"))
         status["done"].append(name)
@@ -229,22 +218,10 @@ def write_tables(rows: list[dict], workdir: str, title: str) -> list[str]:
     atomic_write(os.path.join(workdir, "results.md"), "\n".join(md) + "\n")
     written = [os.path.join(workdir, "results.csv"), os.path.join(workdir, "results.md")]
     if rows:
-        from .plots import sweep_plot
-
         png = os.path.join(workdir, "results.png")
         sweep_plot(rows, png, title)
         written.append(png)
     return written
-
-
-def parse_sets(items: list[str]) -> dict:
-    out = {}
-    for item in items or []:
-        if "=" not in item:
-            raise SweepError(f"--set {item!r}: expected key=value (YAML value), e.g. train.steps=100")
-        key, value = item.split("=", 1)
-        out[key] = yaml.safe_load(value)
-    return out
 
 
 def main(argv=None) -> int:
@@ -255,31 +232,28 @@ def main(argv=None) -> int:
     p.add_argument("--host-index", type=int, default=0, help="this host's index (pods)")
     p.add_argument("--num-hosts", type=int, default=1, help="number of hosts sharing the sweep")
     p.add_argument("--set", action="append", default=[], help="extra override for every run, key=value")
-    p.add_argument("--dry-run", action="store_true", help="list this host's runs and their overrides, run nothing")
+    p.add_argument("--dry-run", action="store_true",
+                   help="validate every run's overrides, list this host's runs with their typed values, run nothing")
     p.add_argument("--collect-only", action="store_true", help="only rebuild the results table from finished runs")
     args = p.parse_args(argv)
-    try:
-        spec = load_spec(args.spec)
-        extra = parse_sets(args.set)
-        workdir = args.workdir or os.path.join("runs", "sweeps", spec["name"])
-        if args.dry_run:
-            from . import quickstart
+    return pipeline.command(lambda: _run(args), (SweepError, ConfigError),
+                            "; rerun to resume (finished runs are skipped)")
 
-            base = quickstart.default_run_config()
-            for name, ov in my_share(expand(spec), args.host_index, args.num_hosts):
-                apply_overrides(base, {**ov, **extra})
-                print(f"{name}: {ov}")
-            return 0
-        status = {"failed": []}
-        if not args.collect_only:
-            status = run_sweep(spec, workdir, host_index=args.host_index, num_hosts=args.num_hosts,
-                               extra_overrides=extra)
-    except SweepError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as e:
-        print(f"interrupted: {e}; rerun to resume (finished runs are skipped)", file=sys.stderr)
-        return 130
+
+def _run(args) -> int:
+    spec = load_spec(args.spec)
+    extra = overrides.parse_all(args.set)
+    workdir = args.workdir or os.path.join("runs", "sweeps", spec["name"])
+    if args.dry_run:
+        runs = expand(spec)
+        run_configs = configs(runs, extra)
+        for name, ov in my_share(runs, args.host_index, args.num_hosts):
+            typed = {k: overrides.get(run_configs[name], k) for k in {**ov, **extra}}
+            print(f"{name}: {typed}")
+        return 0
+    status = {"failed": []}
+    if not args.collect_only:
+        status = run_sweep(spec, workdir, host_index=args.host_index, num_hosts=args.num_hosts, extra_overrides=extra)
     rows = collect(spec, workdir)
     written = write_tables(rows, workdir, spec["name"])
     print(open(os.path.join(workdir, "results.md")).read())
@@ -289,7 +263,6 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 1
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,7 +1,6 @@
 """Generation throughput: AR, mode A, mode B (tokens/s, tokens per forward), JAX vs HF, cached vs uncached.
 
-    python -m experiments.bench_generate [--batch-sizes 1,8,32 --max-new-tokens 32 --ckpt CKPT]
-    python -m experiments.bench generate ...        (same options, via the umbrella command)
+    python -m experiments.bench generate [--batch-sizes 1,8,32 --max-new-tokens 32] [--ckpt CKPT --no-hf]
 
 On a tiny random Qwen3 (built with transformers, weights copied into the JAX params) or on a
 checkpoint (`--ckpt`; the HF comparison then needs `--no-hf`). Per batch size and mode: compile
@@ -14,25 +13,22 @@ generates the same number of tokens.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
-import sys
-import time
 
+import jax
 import numpy as np
 
+from zarya_jax import checkpoint
+from zarya_jax.config import ModelConfig
+from zarya_jax.sampling import GenerationConfig, generate
+from zarya_jax.testing import random_hf_model
 
-def _csv_ints(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 1,8,32") from None
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected positive integers")
-    return values
+from .harness import check_heads, check_positive, csv_ints, markdown_table, timed, timings
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--batch-sizes", type=_csv_ints, default=[1, 8, 32])
+    p.add_argument("--batch-sizes", type=csv_ints, default=[1, 8, 32])
     p.add_argument("--modes", default="ar,mdm,slotted", help="comma-separated subset of ar,mdm,slotted")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--prompt-len", type=int, default=16)
@@ -52,37 +48,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _random_model(layers, hidden, heads, kv_heads, vocab, seed):
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from experiments.bench import params_from_hf
-    from zarya_jax.config import ModelConfig
-
-    torch.manual_seed(seed)
-    hf_cfg = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=3 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                         head_dim=hidden // heads, max_position_embeddings=4096, tie_word_embeddings=True,
-                         rope_theta=1_000_000.0, initializer_range=0.2, attn_implementation="eager")
-    hf = Qwen3ForCausalLM(hf_cfg).eval()
+    """A random HF Qwen3 (O(1) logits: initializer_range 0.2), its config and params; specials on top."""
     config = ModelConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=3 * hidden, num_layers=layers,
                          num_heads=heads, num_kv_heads=kv_heads, head_dim=hidden // heads,
                          max_position_embeddings=4096, mask_token_id=vocab - 5, eos_token_id=vocab - 6,
                          pad_token_id=vocab - 8)
-    return hf, config, params_from_hf(hf, config)
+    hf, params = random_hf_model(config, seed, initializer_range=0.2)
+    return hf, config, params
 
 
 def bench(batch_sizes=(1, 8, 32), modes=("ar", "mdm", "slotted"), max_new_tokens=32, prompt_len=16, layers=2,
           hidden=128, heads=4, kv_heads=2, vocab=264, slot_size=4, serial_num_blocks=2, steps=0, repeats=3, seed=0,
           ckpt=None, hf=True, uncached=True) -> dict:
     """Runs the benchmark; returns {'config': …, 'rows': [one dict per (batch, mode)]}."""
-    import jax
-
-    from zarya_jax.sampling import GenerationConfig, generate
-
     hf_model = None
     if ckpt is not None:
-        from zarya_jax import checkpoint
-
         params, config = checkpoint.load(ckpt)
         if hf:
             raise ValueError("--ckpt: the HF comparison needs the random model; pass --no-hf with --ckpt")
@@ -106,14 +86,11 @@ def bench(batch_sizes=(1, 8, 32), modes=("ar", "mdm", "slotted"), max_new_tokens
                     jax.block_until_ready(out.tokens)
                     return out
 
-                t0 = time.perf_counter()
-                out = call(jax.random.PRNGKey(0))
-                compile_s = time.perf_counter() - t0
+                out, compile_s = timed(lambda: call(jax.random.PRNGKey(0)))
                 times = []
                 for r in range(repeats):
-                    t0 = time.perf_counter()
-                    out = call(jax.random.PRNGKey(r + 1))
-                    times.append(time.perf_counter() - t0)
+                    out, dt = timed(lambda r=r: call(jax.random.PRNGKey(r + 1)))
+                    times.append(dt)
                 tokens = int(out.lengths.sum())
                 wall = statistics.median(times)
                 row = {"batch": b, "mode": mode if use_cache else "ar (no cache)", "new_tokens": tokens,
@@ -127,8 +104,6 @@ def bench(batch_sizes=(1, 8, 32), modes=("ar", "mdm", "slotted"), max_new_tokens
         for r in rows:
             if r["mode"] == "ar (no cache)" and r["batch"] in cached:
                 r["cached_speedup"] = r["wall_s"] / cached[r["batch"]]["wall_s"]
-    import os
-
     return {"benchmark": "generate", "backend": jax.default_backend(), "cpu_count": os.cpu_count(),
             "config": {"layers": config.num_layers, "hidden": config.hidden_size, "vocab": config.vocab_size,
                        "prompt_len": prompt_len, "max_new_tokens": max_new_tokens, "slot_size": slot_size,
@@ -139,8 +114,7 @@ def bench(batch_sizes=(1, 8, 32), modes=("ar", "mdm", "slotted"), max_new_tokens
 
 def _hf_compare(hf_model, prompts, max_new_tokens, out, jax_call, repeats, config) -> dict:
     """Greedy transformers generate on the same prompts; JAX and HF calls interleaved."""
-    import jax
-    import torch
+    import torch  # the PyTorch baseline (torch is a test/benchmark dependency only)
 
     ids = torch.tensor(prompts)
 
@@ -153,12 +127,8 @@ def _hf_compare(hf_model, prompts, max_new_tokens, out, jax_call, repeats, confi
     ref = hf_call()[:, len(prompts[0]):].numpy()
     hf_times, jax_times = [], []
     for r in range(repeats):
-        t0 = time.perf_counter()
-        hf_call()
-        hf_times.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        jax_call(jax.random.PRNGKey(100 + r))
-        jax_times.append(time.perf_counter() - t0)
+        hf_times += timings(hf_call, 1)
+        jax_times += timings(lambda r=r: jax_call(jax.random.PRNGKey(100 + r)), 1)
     hf_s, jax_s = statistics.median(hf_times), statistics.median(jax_times)
     return {"hf_wall_s": hf_s, "hf_tokens_per_s": ref.size / hf_s, "speedup_vs_hf": hf_s / jax_s,
             "greedy_match_hf": float(np.mean(ref == np.asarray(out.tokens)))}
@@ -170,28 +140,18 @@ def markdown(results: dict) -> str:
             f"{c['max_new_tokens']} new tokens, greedy, backend {results['backend']}, median of {c['repeats']}\n\n")
     cols = ["batch", "mode", "new_tokens", "compile_s", "wall_s", "tokens_per_s", "tokens_per_forward",
             "hf_tokens_per_s", "speedup_vs_hf", "greedy_match_hf", "cached_speedup"]
-
-    def fmt(v):
-        return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(fmt(r.get(k, "")) for k in cols) + " |" for r in results["rows"]]
-    return head + "\n".join(lines) + "\n"
+    return head + markdown_table(results["rows"], cols)
 
 
 def run(args) -> tuple[dict, str]:
-    """Umbrella entry (`python -m experiments.bench generate`): argparse namespace → (results, markdown)."""
+    """`python -m experiments.bench generate`: argparse namespace → (results, markdown)."""
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     bad = [m for m in modes if m not in ("ar", "mdm", "slotted")]
     if bad or not modes:
         raise ValueError(f"--modes {args.modes!r}: expected a comma-separated subset of ar,mdm,slotted")
-    for name in ("max_new_tokens", "prompt_len", "layers", "hidden", "heads", "kv_heads", "vocab", "slot_size",
-                 "serial_num_blocks", "repeats"):
-        if getattr(args, name) <= 0:
-            raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)}: expected a positive integer")
-    if args.hidden % args.heads or args.heads % args.kv_heads:
-        raise ValueError(f"--hidden={args.hidden}, --heads={args.heads}, --kv-heads={args.kv_heads}: expected hidden "
-                         "divisible by heads and heads by kv-heads")
+    check_positive(args, ("max_new_tokens", "prompt_len", "layers", "hidden", "heads", "kv_heads", "vocab",
+                          "slot_size", "serial_num_blocks", "repeats"))
+    check_heads(args.hidden, args.heads, args.kv_heads)
     if args.ckpt is None and args.vocab < 16:
         raise ValueError(f"--vocab={args.vocab}: expected ≥ 16 (special tokens sit at the top of the vocabulary)")
     results = bench(args.batch_sizes, modes, args.max_new_tokens, args.prompt_len, args.layers, args.hidden,
@@ -199,25 +159,3 @@ def run(args) -> tuple[dict, str]:
                     args.repeats, args.seed, args.ckpt, hf=not args.no_hf, uncached=not args.no_uncached)
     return results, markdown(results)
 
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.bench_generate", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    p.add_argument("--out", default=None, help="also write generate.json / generate.md into this directory")
-    args = p.parse_args(argv)
-    try:
-        results, md = run(args)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if args.out:
-        from experiments.bench import write_results
-
-        write_results(args.out, "generate", results, md)
-    print(md)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,131 +1,44 @@
 """Ψ-Spec benchmark (SPEC §7): accepted tokens per cycle, tokens per forward and wall-clock speed-up
 over the AR sampler, for the gated-LoRA drafter and for Zarya self-speculation.
 
-    python -m experiments.bench_spec [--ckpt CKPT [--prompts-file test.jsonl]] [--adapter DIR]
+    python -m experiments.bench spec [--ckpt CKPT [--prompts-file test.jsonl]] [--adapter DIR]
         [--draft-lengths 4,8,16] [--batch-sizes 1,8,32] [--drafters lora,self] [--max-new-tokens 128]
-        [--temperature 0] [--repeats 3] [--out results.json]
+        [--temperature 0] [--repeats 3]
 
 Without --ckpt the script makes its own small model: a Qwen3 trained for a few hundred steps on a
 deterministic synthetic text (letter sequences with a per-sequence stride, so the AR model is
 predictable), plus a few steps of Zarya-style MDM training on masked copies so that the self drafter
-has something to say. Without --adapter it trains a LoRA drafter on the same text with the TV loss
-and the 2→16 block curriculum. Every configuration is compiled and warmed up first; the timed runs of
-AR and spec at a batch size are interleaved, so both see the same machine load.
-`run(...)` returns the results as a dict (also written to --out as JSON).
+has something to say (`zarya_jax.testing`). Without --adapter it trains a LoRA drafter on the same
+text with the TV loss and the 2→16 block curriculum. Every configuration is compiled and warmed up
+first; the timed runs of AR and spec at a batch size are interleaved, so both see the same machine load.
+`measure(...)` returns the results as a dict.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
-import tempfile
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 
-from zarya_jax import drafter as drafter_lib
+from zarya_jax import checkpoint as ckpt_lib
 from zarya_jax import lora as lora_lib
-from zarya_jax import model as model_lib
-from zarya_jax.config import LoraConfig, ModelConfig
+from zarya_jax.config import LoraConfig
+from zarya_jax.data.tokenizer import load_tokenizer
+from zarya_jax.eval.evaluate import prompt_and_answer
+from zarya_jax.eval.tasks import read_jsonl
+from zarya_jax.objectives.drafter import DrafterConfig
+from zarya_jax.sampling import GenerationConfig, generate
+from zarya_jax.testing import fit_adapter, pretrain_ar, synthetic_tokens, tiny_config
 
-LETTERS = 97  # 'a'
-ALPHABET = 26
-TINY_CONFIG = ModelConfig(vocab_size=264, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-                          num_kv_heads=2, head_dim=16, max_position_embeddings=1024, mask_token_id=259,
-                          eos_token_id=258, pad_token_id=256, tie_word_embeddings=False)
-BENCH_CONFIG = ModelConfig(vocab_size=264, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
-                           num_kv_heads=2, head_dim=32, max_position_embeddings=1024, mask_token_id=259,
-                           eos_token_id=258, pad_token_id=256, tie_word_embeddings=False)
+from .harness import markdown_table, timed
 
-
-# ------------------------------------------------------------------ synthetic text and quick training
-def synthetic_tokens(rng: np.random.Generator, batch: int, length: int, strides=(1, 2, 3)) -> np.ndarray:
-    """int32 [batch, length] letter ids: x_{i+1} = a + (x_i − a + k) mod 26, k drawn per row."""
-    start = rng.integers(0, ALPHABET, (batch, 1))
-    k = rng.choice(np.asarray(strides), (batch, 1))
-    return (LETTERS + (start + k * np.arange(length)[None, :]) % ALPHABET).astype(np.int32)
+TINY_CONFIG = tiny_config(tie_word_embeddings=False)
+SMALL_CONFIG = tiny_config(hidden_size=128, intermediate_size=384, num_layers=4, head_dim=32, tie_word_embeddings=False)
 
 
-def _batch_of(tokens: np.ndarray) -> dict:
-    b, n = tokens.shape
-    return {"tokens": jnp.asarray(tokens), "segment_ids": jnp.ones((b, n), jnp.int32),
-            "positions": jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n)),
-            "answer_mask": jnp.ones((b, n), bool)}
-
-
-def pretrain_ar(config: ModelConfig, *, steps: int = 200, batch: int = 32, length: int = 32, lr: float = 3e-3,
-                mdm_weight: float = 0.0, seed: int = 0):
-    """A small AR model on the synthetic text (next-token CE). With mdm_weight > 0, also a masked
-    copy (random mask rate, MDM convention: a mask predicts its own token) so the model can self-draft."""
-    params = jax.jit(model_lib.init_params, static_argnums=0)(config, jax.random.PRNGKey(seed))
-    opt = optax.adam(lr)
-    state = opt.init(params)
-
-    def loss_fn(p, toks, key):
-        logits = model_lib.forward(p, config, toks)
-        lp = jax.nn.log_softmax(logits[:, :-1], -1)
-        ce = -jnp.take_along_axis(lp, toks[:, 1:, None], -1).mean()
-        if mdm_weight == 0:
-            return ce
-        k1, k2 = jax.random.split(key)
-        rate = jax.random.uniform(k1, (toks.shape[0], 1), minval=0.1, maxval=1.0)
-        masked = jax.random.bernoulli(k2, rate, toks.shape) & (jnp.arange(toks.shape[1]) > 0)
-        noisy = jnp.where(masked, config.mask_token_id, toks)
-        lq = jax.nn.log_softmax(model_lib.forward(p, config, noisy), -1)
-        mce = -jnp.take_along_axis(lq, toks[..., None], -1)[..., 0]
-        return ce + mdm_weight * (mce * masked).sum() / jnp.maximum(masked.sum(), 1)
-
-    @jax.jit
-    def step(p, s, toks, key):
-        loss, g = jax.value_and_grad(loss_fn)(p, toks, key)
-        upd, s = opt.update(g, s, p)
-        return optax.apply_updates(p, upd), s, loss
-
-    rng = np.random.default_rng(seed)
-    for i in range(steps):
-        params, state, loss = step(params, state, jnp.asarray(synthetic_tokens(rng, batch, length)),
-                                   jax.random.PRNGKey(i))
-    return params, float(loss)
-
-
-def fit_adapter(params, config: ModelConfig, lora: LoraConfig, dcfg: drafter_lib.DrafterConfig, *, steps: int = 100,
-                batch: int = 16, length: int = 32, lr: float = 3e-3, seed: int = 0, lora_params=None):
-    """In-memory drafter training (TV loss, block curriculum) on the synthetic text: only the adapter
-    is differentiated and updated. Returns (lora_params, [loss per step])."""
-    if lora_params is None:
-        lora_params = lora_lib.init_lora(config, lora, jax.random.PRNGKey(seed + 1))
-    opt = optax.adam(lr)
-    state = opt.init(lora_params)
-
-    @jax.jit
-    def step(lp, s, b, key, block):
-        pair = drafter_lib.make_pair_batch(key, b, block, config, dcfg)
-        (loss, m), g = jax.value_and_grad(drafter_lib.drafter_loss, has_aux=True)(lp, params, config, lora, pair, dcfg)
-        upd, s = opt.update(g, s, lp)
-        return optax.apply_updates(lp, upd), s, loss
-
-    rng = np.random.default_rng(seed + 7)
-    losses = []
-    for i in range(steps):
-        block = drafter_lib.block_size_at(i, steps, dcfg)
-        lora_params, state, loss = step(lora_params, state, _batch_of(synthetic_tokens(rng, batch, length)),
-                                        jax.random.PRNGKey(1000 + i), jnp.int32(block))
-        losses.append(float(loss))
-    return lora_params, losses
-
-
-# ------------------------------------------------------------------ the benchmark
-def _timed(fn):
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0
-
-
-def run(ckpt: str | None = None, adapter: str | None = None, *, draft_lengths=(4, 8, 16), batch_sizes=(1, 8, 32),
+def measure(ckpt: str | None = None, adapter: str | None = None, *, draft_lengths=(4, 8, 16), batch_sizes=(1, 8, 32),
         max_new_tokens: int = 128, prompt_length: int = 16, temperature: float = 0.0, repeats: int = 3,
         drafters=("lora", "self"), pretrain_steps: int = 300, drafter_steps: int = 200, lora_rank: int = 16,
         lora_alpha: float = 256.0, seed: int = 0, prompts_file: str | None = None, size: str = "small",
@@ -138,22 +51,18 @@ def run(ckpt: str | None = None, adapter: str | None = None, *, draft_lengths=(4
     train_length: sequence length of its pretraining and drafter batches.
     prompts_file: a JSONL of prompt/answer or messages records (as `experiments.evaluate`), tokenized
     with the checkpoint's tokenizer (byte when it has none); default: synthetic letter prompts."""
-    from zarya_jax.sampling import GenerationConfig, generate
-
     setup: dict = {"backend": jax.default_backend(), "device": str(jax.devices()[0]), "max_new_tokens": max_new_tokens,
                    "temperature": temperature, "prompt_length": prompt_length, "repeats": repeats}
     if ckpt and "lora" in drafters and not adapter:
         raise ValueError("with --ckpt the LoRA drafter needs --adapter (train one with experiments.train_drafter), "
                          "or use --drafters self")
     if ckpt:
-        from zarya_jax import checkpoint as ckpt_lib
-
         params, config = ckpt_lib.load(ckpt)
         setup["model"] = os.path.abspath(ckpt)
     else:
         if size not in ("small", "tiny"):
             raise ValueError(f"size={size!r}: expected 'small' or 'tiny'")
-        config = BENCH_CONFIG if size == "small" else TINY_CONFIG
+        config = SMALL_CONFIG if size == "small" else TINY_CONFIG
         t0 = time.perf_counter()
         params, loss = pretrain_ar(config, steps=pretrain_steps, batch=32 if size == "small" else 16,
                                    length=train_length, lr=3e-3 if size == "small" else 1e-2, mdm_weight=1.0, seed=seed)
@@ -168,7 +77,7 @@ def run(ckpt: str | None = None, adapter: str | None = None, *, draft_lengths=(4
         else:
             lora = LoraConfig(rank=lora_rank, alpha=lora_alpha)
             t0 = time.perf_counter()
-            lora_params, losses = fit_adapter(params, config, lora, drafter_lib.DrafterConfig(), steps=drafter_steps,
+            lora_params, losses = fit_adapter(params, config, lora, DrafterConfig(), steps=drafter_steps,
                                               batch=16, length=train_length, lr=3e-3 if size == "small" else 1e-2,
                                               seed=seed)
             setup["adapter"] = (f"rank {lora.rank} alpha {lora.alpha}, {drafter_steps} TV steps with the 2→16 block "
@@ -181,15 +90,8 @@ def run(ckpt: str | None = None, adapter: str | None = None, *, draft_lengths=(4
     rng = np.random.default_rng(seed + 123)
     pool = None
     if prompts_file:
-        from experiments.evaluate import prompt_and_answer
-        from zarya_jax import checkpoint as ckpt_lib
-        from zarya_jax.tokenizer import load_tokenizer
-
         tok = load_tokenizer((ckpt_lib.tokenizer_dir(ckpt) if ckpt else None) or "byte")
-        with open(prompts_file) as f:
-            pool = [tok.encode(prompt_and_answer(json.loads(line), tok)[0]) for line in f if line.strip()]
-        if not pool:
-            raise ValueError(f"--prompts-file {prompts_file!r} holds no records")
+        pool = [tok.encode(prompt_and_answer(record, tok)[0]) for record in read_jsonl(prompts_file)]
         prompt_length = max(len(p) for p in pool)
         setup["prompts"] = f"{len(pool)} prompts from {os.path.abspath(prompts_file)}"
     results = []
@@ -213,7 +115,7 @@ def run(ckpt: str | None = None, adapter: str | None = None, *, draft_lengths=(4
         best = {k: np.inf for k in gcs}
         for _ in range(repeats):  # interleaved: AR and every spec config see the same machine load
             for k, gc in gcs.items():
-                _, dt = _timed(lambda: call(gc))
+                _, dt = timed(lambda: call(gc))
                 best[k] = min(best[k], dt)
         ar = outs[None]
         for d, f in configs:
@@ -241,9 +143,7 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
     return values
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.bench_spec", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ckpt", default=None, help="AR/Zarya checkpoint (default: train a small synthetic model)")
     p.add_argument("--adapter", default=None, help="trained adapter directory (default: train one here)")
     p.add_argument("--draft-lengths", default="4,8,16")
@@ -258,34 +158,23 @@ def main(argv=None) -> int:
     p.add_argument("--pretrain-steps", type=int, default=300)
     p.add_argument("--drafter-steps", type=int, default=200)
     p.add_argument("--prompts-file", default=None, help="JSONL of prompt/answer records to use as prompts")
-    p.add_argument("--out", default=None, help="write the results as JSON here")
-    args = p.parse_args(argv)
-    try:
-        drafters = tuple(d for d in args.drafters.split(",") if d)
-        bad = [d for d in drafters if d not in ("lora", "self")]
-        if bad or not drafters:
-            raise ValueError(f"--drafters={args.drafters!r}: expected 'lora', 'self' or 'lora,self'")
-        for path, what in ((args.ckpt, "--ckpt"), (args.adapter, "--adapter"), (args.prompts_file, "--prompts-file")):
-            if path and not os.path.exists(path):
-                raise FileNotFoundError(f"{what} {path!r} does not exist")
-        result = run(args.ckpt, args.adapter, draft_lengths=_ints(args.draft_lengths, "--draft-lengths"),
+
+
+def run(args) -> tuple[dict, str]:
+    """`python -m experiments.bench spec`: argparse namespace → (results, markdown)."""
+    drafters = tuple(d for d in args.drafters.split(",") if d)
+    bad = [d for d in drafters if d not in ("lora", "self")]
+    if bad or not drafters:
+        raise ValueError(f"--drafters={args.drafters!r}: expected 'lora', 'self' or 'lora,self'")
+    for path, what in ((args.ckpt, "--ckpt"), (args.adapter, "--adapter"), (args.prompts_file, "--prompts-file")):
+        if path and not os.path.exists(path):
+            raise FileNotFoundError(f"{what} {path!r} does not exist")
+    result = measure(args.ckpt, args.adapter, draft_lengths=_ints(args.draft_lengths, "--draft-lengths"),
                      batch_sizes=_ints(args.batch_sizes, "--batch-sizes"), max_new_tokens=args.max_new_tokens,
                      prompt_length=args.prompt_length, temperature=args.temperature, repeats=args.repeats,
                      drafters=drafters, pretrain_steps=args.pretrain_steps, drafter_steps=args.drafter_steps,
                      prompts_file=args.prompts_file, size=args.size, train_length=args.train_length)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    text = json.dumps(result, indent=2)
-    if args.out:
-        d = os.path.dirname(os.path.abspath(args.out))
-        os.makedirs(d, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=d, delete=False, suffix=".tmp") as f:
-            f.write(text)
-        os.replace(f.name, args.out)
-    print(text)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    head = "".join(f"{k}: {v}\n\n" for k, v in result["setup"].items() if k in ("model", "adapter", "prompts"))
+    cols = ["drafter", "draft_length", "batch", "accepted_per_cycle", "tokens_per_cycle", "tokens_per_forward",
+            "ar_s", "spec_s", "speedup", "identical_to_ar"]
+    return result, head + markdown_table(result["results"], cols)

@@ -1,12 +1,12 @@
 """Train-step throughput: tokens/s and estimated MFU per model preset, and step time vs device count.
 
-    python -m experiments.bench train --presets tiny,100m --batch 8 --length 256 --steps 3
-    python -m experiments.bench_train --presets tiny --scaling 1,2,4,8      (standalone, prints JSON)
+    python -m experiments.bench train --presets tiny,100m --batch 8 --length 256 --steps 3 --scaling 1,2,4,8
 
-The step is the real sharded train step of `zarya_jax.trainer` (Zarya slotted loss, AdamW, fp32
+The step is the real sharded train step of `zarya_jax.train.step` (Zarya slotted loss, AdamW, fp32
 master weights) on synthetic prompt/answer rows; compile time is reported apart. Device scaling runs
-in a subprocess with `--xla_force_host_platform_device_count` virtual CPU devices (on one CPU these
-share the same cores: expect flat or worse, it measures sharding overhead, not speed-up).
+in a subprocess (`python -m experiments.bench.train --worker`) with `--xla_force_host_platform_device_count`
+virtual CPU devices (on one CPU these share the same cores: expect flat or worse, it measures sharding
+overhead, not speed-up).
 """
 from __future__ import annotations
 
@@ -15,23 +15,26 @@ import json
 import os
 import subprocess
 import sys
-import time
+
+import jax
+import numpy as np
+
+from zarya_jax.config import ZaryaConfig, preset
+from zarya_jax.model import init_params
+from zarya_jax.objectives.zarya import zarya_objective
+from zarya_jax.train import sharding as shd
+from zarya_jax.train.loop import BATCH_KEYS
+from zarya_jax.train.metrics import peak_flops, train_flops_per_token
+from zarya_jax.train.optim import OptimConfig
+from zarya_jax.train.step import (StepCache, build_optimizer, init_state, make_eval_step, make_train_step,
+                                  state_shardings)
+
+from .harness import timed
 
 
 def measure(preset_name: str, batch: int, length: int, steps: int, *, mesh=None, dtype: str | None = None,
             slot_size: int = 8, seed: int = 0) -> dict:
     """Times `steps` train steps (after one compile) of `preset_name`; returns a dict of numbers."""
-    import jax
-    import numpy as np
-
-    from zarya_jax import sharding as shd
-    from zarya_jax.config import ZaryaConfig, preset
-    from zarya_jax.metrics_log import peak_flops, train_flops_per_token
-    from zarya_jax.model import init_params
-    from zarya_jax.optim import OptimConfig
-    from zarya_jax.trainer import (StepCache, build_optimizer, init_state, make_eval_step, make_train_step,
-                                   state_shardings, zarya_objective)
-
     cfg = preset(preset_name)
     cfg = cfg.replace(mask_token_id=cfg.mask_token_id if cfg.mask_token_id is not None else cfg.vocab_size - 1,
                       **({"dtype": dtype} if dtype else {}))
@@ -46,7 +49,7 @@ def measure(preset_name: str, batch: int, length: int, steps: int, *, mesh=None,
     sh = state_shardings(abstract_state, optimizer, mesh)
     state = jax.jit(lambda k: init_state(init_params(cfg, k), optimizer, k), out_shardings=sh)(key)
     steps_cache = StepCache(make_train_step(objective, optimizer, oc, 1000, mesh, mask), make_eval_step(objective, 1000),
-                            sh, None, mesh, ("tokens", "segment_ids", "positions", "answer_mask"))
+                            sh, None, mesh, BATCH_KEYS)
     rng = np.random.default_rng(seed)
     prompt = length // 4
     local = {"tokens": rng.integers(0, min(cfg.vocab_size, 256), (batch, length)).astype(np.int32),
@@ -55,15 +58,16 @@ def measure(preset_name: str, batch: int, length: int, steps: int, *, mesh=None,
              "answer_mask": np.broadcast_to(np.arange(length) >= prompt, (batch, length)).copy()}
     data = shd.global_batch(local, mesh)
     fn = steps_cache.train(slot_size)
-    t0 = time.perf_counter()
-    state, m = fn(state, None, data)
-    jax.block_until_ready(m)
-    compile_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        state, m = fn(state, None, data)
-    jax.block_until_ready(m)
-    step_s = (time.perf_counter() - t0) / steps
+
+    def run_steps(n):
+        nonlocal state
+        for _ in range(n):
+            state, m = fn(state, None, data)
+        return jax.block_until_ready(m)
+
+    _, compile_s = timed(lambda: run_steps(1))
+    m, total_s = timed(lambda: run_steps(steps))
+    step_s = total_s / steps
     tokens = batch * length
     flops = train_flops_per_token(cfg, length, objective.forward_passes) * tokens
     peak, note = peak_flops(mesh.devices.flatten().tolist())
@@ -79,11 +83,11 @@ def scaling(preset_name: str, batch: int, length: int, steps: int, device_counts
     env = dict(os.environ)
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={max(device_counts)}").strip()
     env["JAX_PLATFORMS"] = "cpu"
-    cmd = [sys.executable, "-m", "experiments.bench_train", "--worker", "--presets", preset_name, "--batch", str(batch),
+    cmd = [sys.executable, "-m", "experiments.bench.train", "--worker", "--presets", preset_name, "--batch", str(batch),
            "--length", str(length), "--steps", str(steps), "--scaling", ",".join(map(str, device_counts)),
            "--mode", mode]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     if out.returncode:
         raise RuntimeError(f"scaling worker failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -107,7 +111,7 @@ def _check(args) -> None:
 
 
 def run(args) -> tuple[dict, str]:
-    """Entry point of `python -m experiments.bench train`."""
+    """`python -m experiments.bench train`: argparse namespace → (results, markdown)."""
     _check(args)
     rows = [measure(p, args.batch, args.length, args.steps, dtype=args.dtype) for p in args.presets.split(",") if p]
     counts = [int(c) for c in args.scaling.split(",") if c] if args.scaling else []
@@ -128,29 +132,19 @@ def run(args) -> tuple[dict, str]:
     return {"presets": rows, "scaling": scale}, "\n".join(md)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.bench_train", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def worker(argv=None) -> int:
+    """The scaling subprocess: step times on 1 … N virtual devices, printed as one JSON line."""
+    p = argparse.ArgumentParser(prog="python -m experiments.bench.train")
     add_arguments(p)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.worker:
-        from zarya_jax.sharding import MeshConfig
-        out = []
-        for n in [int(c) for c in args.scaling.split(",")]:
-            mesh = MeshConfig(**{"data": 1, "fsdp": 1, "tensor": 1, args.mode: n, "num_devices": n})
-            out.append(measure(args.presets, args.batch, args.length, args.steps, mesh=mesh, dtype=args.dtype))
-        print(json.dumps(out))
-        return 0
-    try:
-        results, md = run(args)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(md)
-    print(json.dumps(results))
+    out = []
+    for n in [int(c) for c in args.scaling.split(",")]:
+        mesh = shd.MeshConfig(**{"data": 1, "fsdp": 1, "tensor": 1, args.mode: n, "num_devices": n})
+        out.append(measure(args.presets, args.batch, args.length, args.steps, mesh=mesh, dtype=args.dtype))
+    print(json.dumps(out))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(worker())

@@ -5,25 +5,22 @@ Times three jitted functions on the same packed batch, side by side:
   model       forward + backward of the loss on precomputed transform outputs
   step        the full `value_and_grad(zarya_loss)` (transform + model + loss)
 
-    python -m experiments.bench_transforms --preset tiny --batch 8 --length 256
+    python -m experiments.bench transforms --preset tiny --batch 8 --length 256
 """
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import sys
-import tempfile
-import time
 
 import jax
 import numpy as np
 
 from zarya_jax import model as model_lib
-from zarya_jax.batch import make_batch_rows
-from zarya_jax.config import ConfigError, ZaryaConfig, preset
-from zarya_jax.losses import loss_from_logits, transform, zarya_loss
+from zarya_jax.config import ZaryaConfig, preset
+from zarya_jax.data.batch import make_batch_rows
+from zarya_jax.objectives.losses import loss_from_logits, transform, zarya_loss
+
+from .harness import check_positive, markdown_table, timings
 
 MODES = {
     "slotted": ZaryaConfig(ordered_sampling=True, sequential_shuffle=True, diffusion_shuffle=True),
@@ -47,13 +44,9 @@ def random_batch(rows: int, length: int, vocab: int, seed: int = 0) -> dict:
 
 
 def _time(fn, *args, iters: int) -> float:
-    jax.block_until_ready(fn(*args))  # compile + warm up
-    samples = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
+    call = lambda: jax.block_until_ready(fn(*args))  # noqa: E731
+    call()  # compile + warm up
+    return statistics.median(timings(call, iters))
 
 
 def bench(model_config, zarya_config: ZaryaConfig, batch: dict, slot_size: int, iters: int = 20) -> dict:
@@ -79,47 +72,33 @@ def bench(model_config, zarya_config: ZaryaConfig, batch: dict, slot_size: int, 
             "transform_over_model": t_transform / t_model, "step_overhead": t_step / t_model - 1.0}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", default="tiny", help="model preset (zarya_jax.config.PRESETS)")
-    ap.add_argument("--batch", type=int, default=8, help="rows per batch")
-    ap.add_argument("--length", type=int, default=256, help="row length L")
-    ap.add_argument("--slot-size", type=int, default=8, help="slot size for the slotted mode")
-    ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {list(MODES)}")
-    ap.add_argument("--iters", type=int, default=20, help="timed iterations (median reported)")
-    ap.add_argument("--json", default=None, help="also write the results to this JSON file")
-    args = ap.parse_args(argv)
-    try:
-        config = preset(args.preset)
-        modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-        bad = [m for m in modes if m not in MODES]
-        if bad:
-            raise ConfigError(f"--modes: unknown {bad}; expected a subset of {list(MODES)}")
-        for name in ("batch", "length", "slot_size", "iters"):
-            if getattr(args, name) < 1:
-                raise ConfigError(f"--{name.replace('_', '-')}={getattr(args, name)}: expected >= 1")
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="tiny", help="model preset (zarya_jax.config.PRESETS)")
+    p.add_argument("--batch", type=int, default=8, help="rows per batch")
+    p.add_argument("--length", type=int, default=256, help="row length L")
+    p.add_argument("--slot-size", type=int, default=8, help="slot size for the slotted mode")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {list(MODES)}")
+    p.add_argument("--iters", type=int, default=20, help="timed iterations (median reported)")
+
+
+def run(args) -> tuple[dict, str]:
+    """`python -m experiments.bench transforms`: argparse namespace → (results, markdown)."""
+    config = preset(args.preset)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        raise ValueError(f"--modes: unknown {bad}; expected a subset of {list(MODES)}")
+    check_positive(args, ("batch", "length", "slot_size", "iters"))
     if config.mask_token_id is None:  # presets carry the base vocabulary: use its last id as the mask
         config = config.replace(mask_token_id=config.vocab_size - 1)
     batch = random_batch(args.batch, args.length, config.vocab_size)
-    print(f"device={jax.devices()[0].platform} preset={args.preset} batch={args.batch} length={args.length} "
-          f"answer tokens={int(batch['answer_mask'].sum())}")
-    print(f"{'mode':16s} {'transform ms':>13s} {'fwd+bwd ms':>11s} {'step ms':>9s} {'transform/fwd+bwd':>18s}")
-    results = {}
+    rows = []
     for mode in modes:
         r = bench(config, MODES[mode], batch, args.slot_size, args.iters)
-        results[mode] = r
-        print(f"{mode:16s} {1e3 * r['transform_s']:13.2f} {1e3 * r['model_fwd_bwd_s']:11.2f} "
-              f"{1e3 * r['step_s']:9.2f} {100 * r['transform_over_model']:17.1f}%")
-    if args.json:
-        directory = os.path.dirname(os.path.abspath(args.json))
-        with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp") as f:
-            json.dump({"args": vars(args), "results": results}, f, indent=2)
-        os.replace(f.name, args.json)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        rows.append({"mode": mode, "transform_ms": 1e3 * r["transform_s"], "fwd_bwd_ms": 1e3 * r["model_fwd_bwd_s"],
+                     "step_ms": 1e3 * r["step_s"], "transform_over_fwd_bwd_pct": 100 * r["transform_over_model"],
+                     **r})
+    head = (f"Transforms, device {jax.devices()[0].platform}, preset {args.preset}, batch {args.batch} × length "
+            f"{args.length}, answer tokens {int(batch['answer_mask'].sum())}, median of {args.iters}\n\n")
+    md = head + markdown_table(rows, ["mode", "transform_ms", "fwd_bwd_ms", "step_ms", "transform_over_fwd_bwd_pct"])
+    return {"args": vars(args), "results": {r["mode"]: r for r in rows}}, md
