@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from zarya_jax import checkpoint, hf_params
+from zarya_jax import checkpoint
 from zarya_jax.config import ZaryaConfig
-from zarya_jax.tokenizer import ByteTokenizer, load_tokenizer
+from zarya_jax.data.tokenizer import ByteTokenizer, load_tokenizer
+from zarya_jax.nn import hf_params
 
 
 def flat(params) -> dict:

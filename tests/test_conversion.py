@@ -17,9 +17,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from conversion import hf_to_jax, jax_to_hf
 from test_model_parity import convert, hf_logits, make_hf_model
-from zarya_jax import checkpoint, hf_params
+from zarya_jax import checkpoint
 from zarya_jax.config import ZaryaConfig, from_hf_dict
-from zarya_jax.tokenizer import HFTokenizer
+from zarya_jax.data.tokenizer import HFTokenizer
+from zarya_jax.nn import hf_params
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB, TOKENIZER_VOCAB = 96, 80  # like Qwen3, the model's vocab is larger than the tokenizer's

@@ -1,13 +1,13 @@
 """grain data pipelines: records, tokenization, over-length policy, padding/packing, shuffling, host
-split and iterator state. References: plain Python/NumPy written here and `zarya_jax.batch.make_batch`."""
+split and iterator state. References: plain Python/NumPy written here and `zarya_jax.data.batch.make_batch`."""
 import json
 
 import numpy as np
 import pytest
 
-from zarya_jax import data as D
-from zarya_jax.batch import make_batch
-from zarya_jax.tokenizer import ByteTokenizer
+from zarya_jax.data import pipeline as D
+from zarya_jax.data.batch import make_batch
+from zarya_jax.data.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()
 
@@ -169,7 +169,7 @@ def test_chat_template_of_hf_tokenizer(tmp_path):
     hf.chat_template = "{% for m in messages %}|{{ m['role'] }}>{{ m['content'] }}{% endfor %}" \
                        "{% if add_generation_prompt %}|assistant>{% endif %}"
     hf.save_pretrained(tmp_path / "tok")
-    from zarya_jax.tokenizer import load_tokenizer
+    from zarya_jax.data.tokenizer import load_tokenizer
     tok = load_tokenizer(str(tmp_path / "tok"))
     path = _write(tmp_path / "d.jsonl", [{"prompt": "hi", "answer": "yo"}])
     (p, a), = D.load_splits(D.DataConfig(train=(path,), tokenizer=str(tmp_path / "tok"), max_length=64), tok).train

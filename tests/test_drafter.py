@@ -1,4 +1,5 @@
 """Uno drafter training (SPEC §7): curriculum, paired layout and block mask, TV loss, training."""
+import dataclasses
 import json
 
 import jax
@@ -6,12 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from uno_models import CFG, DCFG, LORA, adapters, trained_model
-from zarya_jax import drafter as drafter_lib
-from zarya_jax import kv_cache, masks
 from zarya_jax import model as model_lib
-from zarya_jax.config import ConfigError
+from zarya_jax.config import ConfigError, LoraConfig
+from zarya_jax.nn import kv_cache, masks
+from zarya_jax.objectives import drafter as drafter_lib
 from zarya_jax.sampling import spec
+from zarya_jax.testing import UNO_CONFIG as CFG, UNO_DRAFTER as DCFG, UNO_LORA as LORA, batch_of, synthetic_tokens
+from zarya_jax.testing import uno_adapters as adapters, uno_trained_params as trained_model
 
 
 def test_curriculum_grows_and_traced_matches():
@@ -26,7 +28,7 @@ def test_curriculum_grows_and_traced_matches():
     with pytest.raises(ConfigError, match="block_sizes"):
         drafter_lib.DrafterConfig(block_sizes=(1, 4))
     with pytest.raises(ConfigError, match="noise"):
-        drafter_lib.DrafterConfig(noise="gauss")
+        LoraConfig(noise="gauss")  # the noise convention belongs to the adapter
 
 
 def _reference_mask(seg, pos, s):
@@ -59,7 +61,7 @@ def test_pair_batch_layout_and_mask():
     batch = {"tokens": jnp.asarray(tokens), "segment_ids": jnp.asarray(seg), "positions": jnp.asarray(pos),
              "answer_mask": jnp.asarray(answer)}
     for s in (2, 3):
-        pair = drafter_lib.make_pair_batch(jax.random.PRNGKey(0), batch, s, CFG, DCFG)
+        pair = drafter_lib.make_pair_batch(jax.random.PRNGKey(0), batch, s, CFG, LORA)
         np.testing.assert_array_equal(np.asarray(pair["mask"]), _reference_mask(seg, pos, s))
         toks, gate = np.asarray(pair["tokens"]), np.asarray(pair["gate"])
         seed = pos % s == 0
@@ -73,8 +75,7 @@ def test_pair_batch_layout_and_mask():
         nxt_same = np.concatenate([seg[:, 1:] == seg[:, :-1], np.zeros((2, 1), bool)], 1) & (seg > 0)
         nxt_ans = np.concatenate([answer[:, 1:], np.zeros((2, 1), bool)], 1)
         np.testing.assert_array_equal(np.asarray(pair["rows"]), ~seed & nxt_same & nxt_ans)
-    masked = drafter_lib.make_pair_batch(jax.random.PRNGKey(0), batch, 4, CFG,
-                                         drafter_lib.DrafterConfig(noise="mask"))
+    masked = drafter_lib.make_pair_batch(jax.random.PRNGKey(0), batch, 4, CFG, dataclasses.replace(LORA, noise="mask"))
     noisy = np.asarray(masked["tokens"])[:, :12]
     assert (noisy[~(pos % 4 == 0)] == CFG.mask_token_id).all()
 
@@ -93,7 +94,7 @@ def test_paired_rows_match_inference_and_loss_matches_numpy():
 
     @jax.jit
     def run(lp):
-        pair = drafter_lib.make_pair_batch(jax.random.PRNGKey(3), batch, s, CFG, dcfg)
+        pair = drafter_lib.make_pair_batch(jax.random.PRNGKey(3), batch, s, CFG, LORA)
         logits, _ = model_lib.apply(params, CFG, pair["tokens"], pair["positions"], window_mask=pair["mask"],
                                     gate=pair["gate"], lora_params=lp, lora=LORA)
         loss, metrics = drafter_lib.drafter_loss(lp, params, CFG, LORA, pair, dcfg)
@@ -135,16 +136,14 @@ def test_paired_rows_match_inference_and_loss_matches_numpy():
 
 def test_training_lowers_heldout_tv():
     """TV on held-out synthetic text (fixed block size 4, fixed noise) drops after a little training."""
-    from experiments.bench_spec import _batch_of, synthetic_tokens
-
     params = trained_model()
     untrained, trained, losses = adapters()
     assert np.isfinite(losses).all()
-    heldout = _batch_of(synthetic_tokens(np.random.default_rng(123), 32, 24))
+    heldout = batch_of(synthetic_tokens(np.random.default_rng(123), 32, 24))
 
     @jax.jit
     def tv(lp):
-        pair = drafter_lib.make_pair_batch(jax.random.PRNGKey(5), heldout, 4, CFG, DCFG)
+        pair = drafter_lib.make_pair_batch(jax.random.PRNGKey(5), heldout, 4, CFG, LORA)
         return drafter_lib.drafter_loss(lp, params, CFG, LORA, pair, DCFG)[1]["tv"]
 
     before, after = float(tv(untrained)), float(tv(trained))
@@ -152,7 +151,7 @@ def test_training_lowers_heldout_tv():
 
 
 def test_trainer_updates_only_the_adapter(tmp_path):
-    """Through the shared training loop (experiments.train_drafter): the base checkpoint is frozen, the
+    """Through the shared training loop (`python -m experiments.train_drafter`): the base checkpoint is frozen, the
     trained state holds only the adapter, and it moves; the adapter is saved and reloads."""
     from experiments import train_drafter
     from zarya_jax import checkpoint as ckpt_lib
@@ -169,8 +168,8 @@ def test_trainer_updates_only_the_adapter(tmp_path):
             text = "".join(chr(97 + (a + k * i) % 26) for i in range(24))
             f.write(json.dumps({"prompt": text[:4], "answer": text[4:]}) + "\n")
     work = tmp_path / "run"
-    argv = ["--base", str(base), "--workdir", str(work), "--lora-rank", "4", "--lora-alpha", "8",
-            "--block-sizes", "2,4", "--set", f"data.train={data}", "--set", "data.max_length=32",
+    argv = ["--base", str(base), "--workdir", str(work), "--set", "lora.rank=4", "--set", "lora.alpha=8",
+            "--set", "drafter.block_sizes=2,4", "--set", f"data.train={data}", "--set", "data.max_length=32",
             "--set", "data.batch_size=8", "--set", "data.chat_template=false", "--set", "train.steps=4",
             "--set", "train.save_every=2", "--set", "train.eval_every=0", "--set", "train.progress_bar=false",
             "--set", "optim.warmup_steps=0", "--set", "optim.lr=0.01", "--set", "mesh.num_devices=2"]

@@ -1,7 +1,8 @@
-"""Answer extraction and exact-match scoring (the evaluate pipeline end to end runs in test_quickstart)."""
+"""Answer extraction and exact-match scoring, mode and knob parsing (the evaluate pipeline end to end runs in
+test_quickstart)."""
 import pytest
 
-from experiments import answers, evaluate
+from zarya_jax.eval import answers, evaluate
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -53,3 +54,10 @@ def test_mode_and_knob_parsing():
         evaluate.parse_knobs(["slot_size"])
     with pytest.raises(ValueError, match="unknown mode 'beam'"):
         evaluate.parse_knobs(["beam.width=3"])
+    # knobs are typed against GenerationConfig: a typo names the closest fields, a bad value its type
+    with pytest.raises(ValueError, match=r"unknown GenerationConfig field 'slot_sise'; did you mean \['slot_size'"):
+        evaluate.parse_knobs(["slotted.slot_sise=4"])
+    with pytest.raises(ValueError, match="slotted.slot_size='four': expected an integer"):
+        evaluate.parse_knobs(["slotted.slot_size=four"])
+    assert evaluate.generation_config("slotted", 16, evaluate.parse_knobs(["slot_size=2", "slotted.slot_size=4"])) \
+        == evaluate.GenerationConfig(mode="slotted", max_new_tokens=16, temperature=0.0, slot_size=4)

@@ -12,7 +12,7 @@ import test_slots
 from test_slots import MASK, examples_of_row, random_batch
 from zarya_jax import model as model_lib
 from zarya_jax.config import ConfigError, ZaryaConfig
-from zarya_jax.losses import loss_from_logits, zarya_loss
+from zarya_jax.objectives.losses import loss_from_logits, zarya_loss
 
 V = 264
 

@@ -10,7 +10,8 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from conversion import hf_to_jax
-from zarya_jax import checkpoint, hf_params, masks, model
+from zarya_jax import checkpoint, model
+from zarya_jax.nn import hf_params, masks
 
 FP32_TOL = 1e-4
 # bf16 keeps 8 mantissa bits (relative rounding 2^-9 ≈ 0.2%) in weights and activations. Through two

@@ -6,9 +6,10 @@ import jax
 import numpy as np
 import pytest
 
-from test_slots import B, L, MASK, _window_mask, assert_same, examples_of_row, np_draws, random_batch
+from test_slots import (B, L, MASK, _window_mask, assert_same, check_example_layout, examples_of_row, leak_free_targets,
+                        np_draws, random_batch)
 from zarya_jax.config import ConfigError, ZaryaConfig
-from zarya_jax.noise import draw_token_noise, noise_transform, noise_transform_from_draws
+from zarya_jax.objectives.noise import draw_token_noise, noise_transform, noise_transform_from_draws
 
 f32 = np.float32
 NS = dict(slotted_training=False)
@@ -205,26 +206,14 @@ def test_invariants_and_no_leak():
         for r in range(2 * B):
             b = r // 2
             for s, prompt, answer in examples_of_row(batch, b):
-                phys = np.nonzero(out["segment_ids"][r] == s)[0]
-                np.testing.assert_array_equal(phys, prompt + answer)
-                np.testing.assert_array_equal(np.sort(out["positions"][r, phys]), np.sort(batch["positions"][b, phys]))
-                orig = dict(zip(batch["positions"][b, phys], batch["tokens"][b, phys]))
-                for q in phys:
-                    if out["tokens"][r, q] != MASK:
-                        assert orig[out["positions"][r, q]] == out["tokens"][r, q]
-                kinds = [0 if not out["answer"][r, q] else 1 + int(out["masked"][r, q]) for q in phys]
-                assert kinds == sorted(kinds)  # noise sorting: [prompt][clean][masked]
+                # noise sorting: [prompt][clean][masked]
+                phys = check_example_layout(out, r, batch, b, s, prompt, answer, "masked")
                 if r % 2 == 0:  # sequential pass: masked tokens left to right
                     mpos = [out["positions"][r, q] for q in phys if out["masked"][r, q]]
                     assert mpos == sorted(mpos)
             wm = _window_mask(out["segment_ids"][r])
             np.testing.assert_array_equal(out["window_mask"][r], wm)
-            for q in np.nonzero(out["weights"][r] > 0)[0]:
-                want = out["positions"][r, q] + (0 if out["is_dif"][r, q] else 1)
-                seen = np.nonzero(wm[q])[0]
-                clean_seen = seen[out["tokens"][r, seen] != MASK]
-                assert want not in out["positions"][r, clean_seen]
-                assert out["targets"][r, q] not in out["tokens"][r, clean_seen]
+            for q, _ in leak_free_targets(out, r, wm):
                 assert out["is_dif"][r, q] == (r % 2 == 1)
 
 

@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import answers, quickstart, tasks
+from experiments import quickstart
+from zarya_jax.eval import answers, tasks
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +56,7 @@ def test_report_files_and_numbers(smoke_run):
 def test_ar_matches_uncached_greedy_and_spec_is_lossless(smoke_run):
     from zarya_jax import checkpoint
     from zarya_jax.model import forward
-    from zarya_jax.tokenizer import ByteTokenizer
+    from zarya_jax.data.tokenizer import ByteTokenizer
 
     workdir, report, preds = smoke_run
     params, config = checkpoint.load(os.path.join(workdir, "train", "final"))

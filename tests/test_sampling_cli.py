@@ -6,7 +6,7 @@ import pytest
 
 from experiments import generate as cli
 from zarya_jax import checkpoint
-from zarya_jax.tokenizer import ByteTokenizer
+from zarya_jax.data.tokenizer import ByteTokenizer
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,7 @@ def test_generate_from_file_streams_rows(ckpt, tmp_path, capsys):
     prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["hi there", "abc", "zarya"]) + "\n")
     out = tmp_path / "out" / "gen.jsonl"
     rc = cli.main(["--ckpt", ckpt, "--prompts-file", str(prompts), "--mode", "ar", "--max-new-tokens", "5",
-                   "--batch-size", "2", "--prompt-bucket", "8", "--output", str(out)])
+                   "--batch-size", "2", "--set", "prompt_bucket=8", "--output", str(out)])
     assert rc == 0
     stdout = capsys.readouterr().out
     for i, p in enumerate(["hi there", "abc", "zarya"]):
@@ -34,7 +34,9 @@ def test_generate_from_file_streams_rows(ckpt, tmp_path, capsys):
 @pytest.mark.parametrize("argv,match", [
     (["--ckpt", "/nonexistent/ckpt", "--prompt", "x"], "is not a directory"),
     (["--prompt", "x", "--max-new-tokens", "0"], "max_new_tokens=0"),
-    (["--prompt", "x", "--mode", "slotted", "--token-threshold", "2"], "token_threshold=2.0"),
+    (["--prompt", "x", "--mode", "slotted", "--set", "token_threshold=2"], "token_threshold=2.0"),
+    (["--prompt", "x", "--set", "temprature=1"], "did you mean ['temperature']"),
+    (["--prompt", "x", "--set", "top_k=many"], "top_k='many': expected an integer"),
     (["--prompt", ""], "prompt 0 is empty"),
     (["--prompts-file", "/nonexistent.txt"], "does not exist"),
     (["--prompt", "x", "--batch-size", "0"], "--batch-size=0"),

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from zarya_jax import run_config as rc
-from zarya_jax import sharding as S
 from zarya_jax.config import ConfigError
 from zarya_jax.model import init_params
+from zarya_jax.train import config as rc
+from zarya_jax.train import sharding as S
 
 
 def _norm(spec):
@@ -105,7 +105,7 @@ COMMON = {"data.max_length": 24, "data.batch_size": 8, "optim.grad_accum_steps":
 def test_sharded_training_matches_one_device(tmp_path, compile_cache):
     _write_data(tmp_path / "d.jsonl")
     base = {**COMMON, "data.train": str(tmp_path / "d.jsonl"), "train.save_every": 0}
-    from zarya_jax.trainer import train
+    from zarya_jax.train.loop import train
 
     runs = {}
     for name, mesh in {"one": {"mesh.num_devices": 1}, "dft": {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2}}.items():

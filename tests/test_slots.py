@@ -10,10 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from zarya_jax import curriculum
-from zarya_jax.batch import BatchError, make_batch, make_batch_rows, pack_first_fit
 from zarya_jax.config import ConfigError, ZaryaConfig
-from zarya_jax.slots import draw_slot_noise, slotted_transform, slotted_transform_from_draws
+from zarya_jax.data.batch import BatchError, make_batch, make_batch_rows, pack_first_fit
+from zarya_jax.objectives import curriculum
+from zarya_jax.objectives.slots import draw_slot_noise, slotted_transform, slotted_transform_from_draws
 
 MASK, PAD = 259, 256
 L, B = 40, 24
@@ -167,31 +167,42 @@ def test_matches_numpy_reference(ci):
     assert (batch["segment_ids"] == 0).any()
 
 
+def check_example_layout(out, r, batch, b, s, prompt, answer, masked_key):
+    """Example `s` of input row `b`, laid out in output row `r`: it keeps its physical range, its positions
+    are a permutation of the original ones, clean tokens keep their ids at their logical positions, and
+    the layout is [prompt][clean][masked] (`masked_key` marks the masked tokens). Returns its rows."""
+    phys = np.nonzero(out["segment_ids"][r] == s)[0]
+    np.testing.assert_array_equal(phys, prompt + answer)
+    np.testing.assert_array_equal(np.sort(out["positions"][r, phys]), np.sort(batch["positions"][b, phys]))
+    orig = dict(zip(batch["positions"][b, phys], batch["tokens"][b, phys]))
+    for q in phys:
+        if out["tokens"][r, q] != MASK:
+            assert orig[out["positions"][r, q]] == out["tokens"][r, q]
+    kinds = [0 if not out["answer"][r, q] else 1 + int(out[masked_key][r, q]) for q in phys]
+    assert kinds == sorted(kinds)
+    return phys
+
+
+def leak_free_targets(out, r, wm):
+    """Yields (target row, rows it sees) of output row `r` under window mask `wm`, after checking that
+    neither the target's logical position (clean) nor its id is visible to its row."""
+    for q in np.nonzero(out["weights"][r] > 0)[0]:
+        want = out["positions"][r, q] + (0 if out["is_dif"][r, q] else 1)
+        seen = np.nonzero(wm[q])[0]
+        clean_seen = seen[out["tokens"][r, seen] != MASK]
+        assert want not in out["positions"][r, clean_seen]
+        assert out["targets"][r, q] not in out["tokens"][r, clean_seen]
+        yield q, seen
+
+
 def test_invariants():
     zc, S = CONFIGS[1]
     batch, _, out = case(1, 0)
     for b in range(B):
         for s, prompt, answer in examples_of_row(batch, b):
-            phys = np.nonzero(out["segment_ids"][b] == s)[0]
-            # the example keeps its physical range; positions are a permutation of the original ones
-            np.testing.assert_array_equal(phys, prompt + answer)
-            np.testing.assert_array_equal(np.sort(out["positions"][b, phys]), np.sort(batch["positions"][b, phys]))
-            # clean tokens keep their ids at their logical positions
-            orig = dict(zip(batch["positions"][b, phys], batch["tokens"][b, phys]))
-            for r in phys:
-                if out["tokens"][b, r] != MASK:
-                    assert orig[out["positions"][b, r]] == out["tokens"][b, r]
-            # layout [prompt][clean][masked]
-            kinds = [0 if not out["answer"][b, r] else 1 + int(out["is_dif"][b, r]) for r in phys]
-            assert kinds == sorted(kinds)
-        # no target leak: neither the target's logical position (clean) nor its id is visible to its row
+            check_example_layout(out, b, batch, b, s, prompt, answer, "is_dif")
         wm = np.asarray(_window_mask(out["segment_ids"][b]))
-        for r in np.nonzero(out["weights"][b] > 0)[0]:
-            want = out["positions"][b, r] + (0 if out["is_dif"][b, r] else 1)
-            seen = np.nonzero(wm[r])[0]
-            clean_seen = seen[out["tokens"][b, seen] != MASK]
-            assert want not in out["positions"][b, clean_seen]
-            assert out["targets"][b, r] not in out["tokens"][b, clean_seen]
+        for r, seen in leak_free_targets(out, b, wm):
             assert all(out["segment_ids"][b, seen] == out["segment_ids"][b, r])
 
 

@@ -1,16 +1,20 @@
 """Ψ-Spec lossless speculative sampling (SPEC §7): accept/residual rule, greedy identity with the AR
 sampler, exact two-token distribution, cache invariant, acceptance gains from a trained drafter."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from uno_models import CFG, LORA, adapters, random_model, trained_model
-from zarya_jax import kv_cache, lora as lora_lib, masks
+from zarya_jax import lora as lora_lib
 from zarya_jax import model as model_lib
 from zarya_jax.config import LoraConfig, ModelConfig
-from zarya_jax.sampling import GenerationConfig, generate, pad_prompts
-from zarya_jax.sampling import spec
+from zarya_jax.nn import kv_cache, masks
+from zarya_jax.sampling import GenerationConfig, generate, pad_prompts, spec
+from zarya_jax.testing import UNO_CONFIG as CFG, UNO_LORA as LORA, synthetic_tokens
+from zarya_jax.testing import uno_adapters as adapters, uno_random_params as random_model
+from zarya_jax.testing import uno_trained_params as trained_model
 
 
 # ------------------------------------------------------------------ accept / residual
@@ -59,8 +63,6 @@ PROMPT_LENGTHS = (9, 3, 14, 1, 6)
 def _prompts(trained: bool):
     rng = np.random.default_rng(7)
     if trained:
-        from experiments.bench_spec import synthetic_tokens
-
         rows = synthetic_tokens(rng, len(PROMPT_LENGTHS), max(PROMPT_LENGTHS))
         return [list(map(int, r[:n])) for r, n in zip(rows, PROMPT_LENGTHS)]
     return [list(map(int, rng.integers(0, 256, n))) for n in PROMPT_LENGTHS]
@@ -109,7 +111,6 @@ def test_trained_drafter_accepts_more():
     params, _, _ = _setup("trained", None)
     untrained, trained, _ = adapters()
     rng = np.random.default_rng(99)
-    from experiments.bench_spec import synthetic_tokens
 
     rows = synthetic_tokens(rng, len(PROMPT_LENGTHS), max(PROMPT_LENGTHS))
     prompts = [list(map(int, r[:n])) for r, n in zip(rows, PROMPT_LENGTHS)]
@@ -118,6 +119,51 @@ def test_trained_drafter_accepts_more():
            for name, lp in (("untrained", untrained), ("trained", trained))}
     assert acc["trained"]["accepted_per_cycle"] > acc["untrained"]["accepted_per_cycle"] + 0.5, acc
     assert acc["trained"]["tokens_per_forward"] > 1.0
+
+
+def test_mask_noise_adapter_round_trips_and_drafts_with_masks(tmp_path):
+    """An adapter trained with mask noise carries its convention: saved and loaded with it, and
+    `generate()` drafts with mask tokens. Reference: greedy Ψ-Spec's first cycle from full forwards,
+    the AR continuation (c0 and the verify targets) and the drafts of the adapter over the prompt
+    followed by F−1 mask tokens (gate on for those rows, the mask id never drafted)."""
+    params = trained_model()
+    _, trained, _ = adapters()
+    mask_lora = dataclasses.replace(LORA, noise="mask")
+    lora_lib.save(tmp_path / "adapter", trained, mask_lora)
+    lp, loaded = lora_lib.load(tmp_path / "adapter")
+    assert loaded == mask_lora and lora_lib.metadata(tmp_path / "adapter")["noise"] == "mask"
+
+    f = 4
+    rows = synthetic_tokens(np.random.default_rng(7), 6, 12)
+    prompts = [list(map(int, r[:n])) for r, n in zip(rows, (12, 5, 9, 3, 7, 10))]
+    ar_step = jax.jit(lambda t: model_lib.forward(params, CFG, t))
+    draft = jax.jit(lambda t, g: model_lib.apply(params, CFG, t, gate=g, lora_params=lp, lora=LORA)[0])
+
+    def argmax(logits):
+        logits = np.array(logits, np.float64)
+        logits[CFG.mask_token_id] = -np.inf
+        return int(np.argmax(logits))
+
+    def first_cycle_accepted(prompt):  # 1 + m: c0 and the accepted drafts
+        greedy = list(prompt)
+        for _ in range(f):
+            greedy.append(argmax(ar_step(jnp.asarray([greedy]))[0, -1]))
+        n = len(prompt)
+        toks = jnp.asarray([prompt + [CFG.mask_token_id] * (f - 1)])
+        q = draft(toks, jnp.asarray([[False] * n + [True] * (f - 1)]))[0]
+        drafts = [argmax(q[n - 1 + j]) for j in range(1, f)]  # noise row j drafts position n + j
+        m = 0
+        while m < f - 1 and drafts[m] == greedy[n + 1 + m]:
+            m += 1
+        return 1 + m
+
+    gc = GenerationConfig(mode="spec", max_new_tokens=2, draft_length=f, stop_at_eos=False)
+    got = {name: [generate(params, CFG, [p], gc, jax.random.PRNGKey(i), lora_params=lp, lora=cfg)
+                  .stats["accepted_per_cycle"] for i, p in enumerate(prompts)]
+           for name, cfg in (("mask", loaded), ("uniform", LORA))}
+    want = [first_cycle_accepted(p) for p in prompts]
+    assert got["mask"] == want
+    assert got["uniform"] != want  # the test tells the two conventions apart
 
 
 # ------------------------------------------------------------------ cache invariant and the seed row

@@ -1,5 +1,5 @@
-"""Sweeps: expansion, override validation, host shares, and a two-run sweep interrupted by a
-failing run, then resumed without redoing the finished run."""
+"""Sweeps through their command line: expansion, override validation, host shares, and a two-run sweep
+interrupted by a failing run, then resumed without redoing the finished run."""
 import csv
 import json
 import os
@@ -7,53 +7,74 @@ import os
 import pytest
 import yaml
 
-from experiments import quickstart, sweep
+from experiments import sweep
+from zarya_jax import checkpoint
+from zarya_jax.eval import tasks
 
 
-def test_expand_grid_and_runs():
+def _dry_run(tmp_path, capsys, spec: dict, *flags) -> tuple[int, list[str], str]:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    code = sweep.main([str(path), "--dry-run", *flags])
+    out = capsys.readouterr()
+    return code, out.out.splitlines(), out.err
+
+
+def test_expand_grid_and_runs(tmp_path, capsys):
     spec = {"base": {"train.steps": 5}, "runs": [{"name": "a", "zarya.alpha0": 0.3}, {"name": "b"}],
             "grid": {"optim.lr": [1e-3, 2e-3]}}
-    runs = sweep.expand(spec)
-    assert [n for n, _ in runs] == ["a,lr=0.001", "a,lr=0.002", "b,lr=0.001", "b,lr=0.002"]
-    assert runs[1][1] == {"train.steps": 5, "zarya.alpha0": 0.3, "optim.lr": 2e-3}
-    assert sweep.my_share(runs, 1, 2) == [runs[1], runs[3]]
-    with pytest.raises(sweep.SweepError, match="host-index=2"):
-        sweep.my_share(runs, 2, 2)
+    code, lines, _ = _dry_run(tmp_path, capsys, spec)
+    assert code == 0
+    assert [line.split(":")[0] for line in lines] == ["a,lr=0.001", "a,lr=0.002", "b,lr=0.001", "b,lr=0.002"]
+    assert lines[1] == "a,lr=0.002: {'train.steps': 5, 'zarya.alpha0': 0.3, 'optim.lr': 0.002}"
+    code, share, _ = _dry_run(tmp_path, capsys, spec, "--host-index", "1", "--num-hosts", "2")
+    assert code == 0 and share == [lines[1], lines[3]]
+    code, _, err = _dry_run(tmp_path, capsys, spec, "--host-index", "2", "--num-hosts", "2")
+    assert code == 2 and "host-index=2" in err
 
 
-def test_overrides_are_validated():
-    base = quickstart.default_run_config()
-    cfg = sweep.apply_overrides(base, {"zarya.slot_size_set": [4], "eval.knobs.slotted.slot_size": 8})
-    assert cfg["zarya"]["slot_size_set"] == [4] and cfg["eval"]["knobs"]["slotted"]["slot_size"] == 8
-    assert base["eval"]["knobs"]["slotted"]["slot_size"] == 4  # the base is not mutated
-    with pytest.raises(sweep.SweepError, match="unknown key 'slot_sise'"):
-        sweep.apply_overrides(base, {"zarya.slot_sise": 4})
-    with pytest.raises(sweep.SweepError, match="unknown section 'zaria'"):
-        sweep.apply_overrides(base, {"zaria.alpha0": 0.1})
+def test_overrides_are_validated(tmp_path, capsys):
+    """Sweep keys are the quickstart config's dotted keys, typed by zarya_jax.overrides (values print as
+    the typed config holds them); a typo fails the whole sweep up front, naming the closest keys."""
+    ok = {"runs": [{"name": "r", "zarya.slot_size_set": [4], "zarya.slot_step_borders": [1],
+                    "eval.knobs.slotted.slot_size": 8}]}
+    code, lines, _ = _dry_run(tmp_path, capsys, ok)
+    assert code == 0 and lines == ["r: {'eval.knobs.slotted.slot_size': 8, 'zarya.slot_size_set': (4,), "
+                                   "'zarya.slot_step_borders': (1.0,)}"]
+    # whole sections are validated too: a slot curriculum needs one border per size
+    code, _, err = _dry_run(tmp_path, capsys, {"runs": [{"name": "r", "zarya.slot_size_set": [4]}]})
+    assert code == 2 and "one border per slot size" in err
+    code, lines, _ = _dry_run(tmp_path, capsys, {"runs": [{"name": "r"}]}, "--set", "eval.knobs.slotted.slot_size=2")
+    assert lines == ["r: {'eval.knobs.slotted.slot_size': 2}"]  # --set reaches every run
+    code, _, err = _dry_run(tmp_path, capsys, {"runs": [{"name": "r", "zarya.slot_sise": 4}]})
+    assert code == 2 and "unknown config key 'zarya.slot_sise'" in err and "zarya.slot_size_set" in err
+    code, _, err = _dry_run(tmp_path, capsys, {"runs": [{"name": "r", "zaria.alpha0": 0.1}]})
+    assert code == 2 and "unknown config key 'zaria.alpha0'" in err
+    code, _, err = _dry_run(tmp_path, capsys, {"runs": [{"name": "r", "eval.knobs.slotted.slot_size": "big"}]})
+    assert code == 2 and "eval.knobs.slotted.slot_size='big': expected an integer" in err
 
 
-def test_shipped_sweep_parses(tmp_path):
+def test_shipped_sweep_parses(tmp_path, capsys):
     path = os.path.join(os.path.dirname(sweep.__file__), "sweeps", "paper_ablations.yaml")
-    spec = sweep.load_spec(path)
-    runs = sweep.expand(spec)
-    assert [n for n, _ in runs] == ["slotted-curriculum", "slotted-fixed8", "nonslotted"]
-    base = quickstart.default_run_config()
-    for _, ov in runs:
-        cfg = sweep.apply_overrides(base, ov)
-        assert {"mdm", "slotted"} <= set(cfg["eval"]["modes"])
+    assert sweep.main([path, "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["slotted-curriculum", "slotted-fixed8", "nonslotted"]
+    for line in lines:
+        assert "'eval.modes': ('ar', 'mdm', 'slotted')" in line
+    # the commands its comments document are valid too
+    documented = [line.split("python -m experiments.sweep ", 1)[1].split("#")[0].split()
+                  for line in open(path) if "python -m experiments.sweep" in line]
+    for argv in documented:
+        assert sweep.main([path if a.endswith("paper_ablations.yaml") else a for a in argv] + ["--dry-run"]) == 0
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nrunz: []\n")
-    with pytest.raises(sweep.SweepError, match="unknown top-level keys"):
-        sweep.load_spec(str(bad))
+    assert sweep.main([str(bad), "--dry-run"]) == 2
+    assert "unknown top-level keys" in capsys.readouterr().err
 
 
-def test_sweep_resumes_after_a_failed_run(tmp_path, tiny_config, tiny_params):
+def test_sweep_resumes_after_a_failed_run(tmp_path, tiny_config, tiny_params, capsys):
     """Two eval-only runs on one checkpoint; the second fails (its data file is missing), the rerun
     skips the finished first run and completes the second."""
-    from zarya_jax import checkpoint
-
-    from experiments import tasks
-
     ckpt = str(tmp_path / "ckpt")
     checkpoint.save(ckpt, tiny_params, tiny_config)
     data = tmp_path / "data"
@@ -79,9 +100,10 @@ def test_sweep_resumes_after_a_failed_run(tmp_path, tiny_config, tiny_params):
     preds_stamp = os.stat(preds_first).st_mtime_ns
 
     tasks.write_jsonl(str(late_test), tasks.generate(3, seed=5))
-    logs = []
-    status = sweep.run_sweep(sweep.load_spec(str(path)), workdir, log=logs.append)
-    assert status == {"done": ["second"], "skipped": ["first"], "failed": []}
+    capsys.readouterr()
+    assert sweep.main(argv) == 0
+    logs = capsys.readouterr().out
+    assert "[sweep] first: finished earlier, skipped" in logs and "[sweep] second: done" in logs
     assert os.stat(done_first).st_mtime_ns == stamp            # not redone
     assert os.stat(preds_first).st_mtime_ns == preds_stamp
     assert not os.path.exists(os.path.join(workdir, "second", "error.txt"))

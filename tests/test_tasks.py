@@ -5,7 +5,8 @@ import re
 
 import pytest
 
-from experiments import answers, tasks
+from experiments import tasks as tasks_cli
+from zarya_jax.eval import answers, tasks
 
 # Independent reading of the prompt: the verb decides the operation.
 VERBS = {"bought": "+", "found": "+", "got": "+", "gave": "-", "lost": "-", "sold": "-", "then": "*"}
@@ -69,5 +70,5 @@ def test_bad_input_errors(tmp_path):
         tasks.read_jsonl(str(bad))
     with pytest.raises(FileNotFoundError, match="missing.jsonl"):
         tasks.read_jsonl(str(tmp_path / "missing.jsonl"))
-    assert tasks.main(["--out", str(tmp_path / "x"), "--train", "-1"]) == 2
+    assert tasks_cli.main(["--out", str(tmp_path / "x"), "--train", "-1"]) == 2  # python -m experiments.tasks
     assert not (tmp_path / "x" / "train.jsonl").exists()

@@ -16,11 +16,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from zarya_jax import run_config as rc
 from zarya_jax.config import ConfigError
-from zarya_jax.data import DataError
-from zarya_jax.metrics_log import read_metrics
-from zarya_jax.trainer import NonFiniteError, Objective, train, zarya_objective
+from zarya_jax.data.pipeline import DataError
+from zarya_jax.objectives.base import Objective
+from zarya_jax.objectives.zarya import zarya_objective
+from zarya_jax.train import config as rc
+from zarya_jax.train.hooks import OnStep
+from zarya_jax.train.loop import train
+from zarya_jax.train.metrics import read_metrics
+from zarya_jax.train.step import NonFiniteError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -50,8 +54,9 @@ def resume_overrides(data_file):
 
 KILLED_RUN = """
 import sys, time
-from zarya_jax import run_config as rc
-from zarya_jax.trainer import train
+from zarya_jax.train import config as rc
+from zarya_jax.train.hooks import OnStep
+from zarya_jax.train.loop import train
 import jax
 jax.config.update("jax_compilation_cache_dir", sys.argv[3])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
@@ -59,10 +64,10 @@ jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 overrides = __import__("json").loads(sys.argv[2])
 
 def stall(event):  # wait to be killed once checkpoint 3 is on its way
-    if event["saved"] and event["step"] == 3:
+    if event.saved and event.step == 3:
         time.sleep(600)
 
-train(rc.build({"model": "tiny"}, overrides), sys.argv[1], callbacks=[stall])
+train(rc.build({"model": "tiny"}, overrides), sys.argv[1], hooks=[OnStep(stall)])
 """
 
 
@@ -95,10 +100,10 @@ def test_exact_resume_after_sigkill_and_sigterm(tmp_path, data_file, compile_cac
 
     # 3) SIGTERM (preemption) at step 2: a checkpoint is saved there, then resumed
     def preempt(event):
-        if event["step"] == 2:
+        if event.step == 2:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    term = train(cfg, str(tmp_path / "term"), callbacks=[preempt])
+    term = train(cfg, str(tmp_path / "term"), hooks=[OnStep(preempt)])
     assert term["status"] == "interrupted" and term["step"] == 2 and term["signal"] == signal.SIGTERM
     assert "2" in os.listdir(tmp_path / "term" / "checkpoints")
     term_resumed = train(cfg, str(tmp_path / "term"), return_state=True)
@@ -201,7 +206,7 @@ def test_cli_help_and_error_exit(tmp_path, data_file):
 def test_checkpoints_keep_latest_and_best(tmp_path):
     import grain
 
-    from zarya_jax.run_checkpoint import RunCheckpointer
+    from zarya_jax.train.checkpoints import RunCheckpointer
 
     it = iter(grain.MapDataset.range(100).to_iter_dataset())
     ck = RunCheckpointer(str(tmp_path), keep=2, keep_best=1, async_save=False)

@@ -1,0 +1,77 @@
+"""The one override mechanism (`zarya_jax.overrides`): typed dotted keys on frozen dataclass trees, typo
+hints, external names, sparse per-mode knobs; checked against values written out by hand."""
+import dataclasses
+
+import pytest
+
+from zarya_jax import overrides as ov
+from zarya_jax.config import ConfigError
+from zarya_jax.eval.evaluate import EvalConfig, Knobs, ModeKnobs
+from zarya_jax.sampling import GenerationConfig
+from zarya_jax.train import config as rc
+
+
+@dataclasses.dataclass(frozen=True)
+class Inner:
+    lr: float = 1e-3
+    sizes: tuple[int, ...] = (2, 4)
+    name: str = "x"
+    limit: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Outer:
+    inner: Inner = Inner()
+    flag: bool = False
+    odd: Inner = dataclasses.field(default=Inner(), metadata={"key": "odd-name"})
+
+
+def test_apply_coerces_to_field_types_and_copies():
+    base = Outer()
+    out = ov.apply(base, ["inner.lr=1e-2", "inner.sizes=8,16", "flag=yes", "inner.limit=3", "odd-name.name=7"])
+    assert out == Outer(Inner(lr=0.01, sizes=(8, 16), limit=3), True, Inner(name="7"))
+    assert base == Outer()  # a copy: the base tree is not changed
+    assert ov.apply(out, {"inner.limit": None, "inner.sizes": [1]}).inner == Inner(lr=0.01, sizes=(1,))
+    assert ov.get(out, "odd-name.name") == "7" and ov.to_dict(out)["odd-name"]["name"] == "7"
+    assert ov.build(Outer, {"inner": {"lr": "5e-4"}}, base=out) == dataclasses.replace(out, inner=Inner(5e-4, (8, 16),
+                                                                                                      "x", 3))
+
+
+@pytest.mark.parametrize("item,match", [
+    ("inner.lrr=1", r"unknown config key 'inner.lrr'; did you mean \['inner.lr', "),
+    ("inne.lr=1", r"unknown config key 'inne.lr'; did you mean \['inner.lr'"),
+    ("inner.lr.x=1", "unknown config key 'inner.lr.x'"),
+    ("inner.lr=fast", "inner.lr='fast': expected a number"),
+    ("inner.sizes=1.5", r"inner.sizes=1.5: expected an integer"),
+    ("flag=maybe", "flag='maybe': expected true or false"),
+    ("flag", "expected KEY=VALUE"),
+])
+def test_bad_overrides_name_the_key(item, match):
+    with pytest.raises(ConfigError, match=match):
+        ov.apply(Outer(), [item])
+
+
+def test_sparse_knobs_and_listing():
+    knobs = ov.apply(ModeKnobs(), {"spec-self.draft_length": "4", "slotted.slot_threshold": 2})
+    assert knobs.spec_self == Knobs(draft_length=4) and knobs.slotted.slot_threshold == 2.0
+    assert knobs.as_dict() == {"ar": {}, "mdm": {}, "slotted": {"slot_threshold": 2.0}, "spec-self": {"draft_length": 4},
+                               "spec-lora": {}}
+    assert ov.to_dict(knobs)["spec-self"] == {"draft_length": 4}
+    with pytest.raises(ConfigError, match=r"did you mean \['spec-self.draft_length', "):
+        ov.apply(ModeKnobs(), {"spec-self.draft_lenght": 4})
+    # every GenerationConfig field is a knob: one row per mode in the listing
+    rows = {k: (t, d) for k, t, d in ov.keys(EvalConfig, defaults=EvalConfig(knobs=knobs))}
+    assert rows["eval.knobs.spec-self.FIELD".removeprefix("eval.")] == ("GenerationConfig field", {"draft_length": 4})
+    assert {f.name for f in dataclasses.fields(Knobs)} == {f.name for f in dataclasses.fields(GenerationConfig)}
+    with pytest.raises(ConfigError, match="unknown mode"):
+        EvalConfig(modes=("ar", "beam"))
+
+
+def test_run_config_round_trip_and_listing():
+    run = rc.load("tiny", ["model.num_layers=3", "zarya.alpha0=0.3", "optim.no_decay=norm"])
+    assert run.model.num_layers == 3 and run.model.hidden_size == 64 and run.optim.no_decay == ("norm",)
+    assert rc.from_dict(run.to_dict()) == run
+    keys = [k for k, _, _ in rc.knobs()]
+    assert keys[0] == "model.preset" and "mesh.fsdp" in keys and "train.progress_bar" in keys
+    with pytest.raises(ConfigError, match="unknown config sections"):
+        rc.build({"model": "tiny", "zaria": {}})
