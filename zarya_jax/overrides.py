@@ -152,14 +152,7 @@ def keys(cls, prefix: str = "", defaults: Any = None) -> list[tuple[str, str, An
     for f in dataclasses.fields(cls):
         name = prefix + external_name(f)
         tp, _ = _optional_inner(types_[f.name])
-        if defaults is not None:
-            default = getattr(defaults, f.name)
-        elif f.default is not dataclasses.MISSING:
-            default = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        else:
-            default = "(required)"
+        default = getattr(defaults, f.name) if defaults is not None else _default(f, "(required)")
         if _is_config(tp) and hasattr(tp, SPARSE):  # one row for a partial override of another config
             set_ = set_fields(default) if dataclasses.is_dataclass(default) else {}
             out.append((name + ".FIELD", f"{getattr(tp, SPARSE).__name__} field", set_ or "-"))
@@ -178,16 +171,15 @@ def help_table(rows: Iterable[tuple[str, str, Any]], flag: str = "--set") -> str
 
 
 def _nest(flat: Mapping[str, Any], cls) -> dict[str, Any]:
-    """{'a.b.c': v} -> {'a': {'b': {'c': v}}}, descending only through config-typed fields of `cls`,
-    so a leaf may itself hold a dotted name (never the case today) without being split."""
+    """{'a.b.c': v} -> {'a': {'b': {'c': v}}}, descending through the config-typed fields of `cls`; at
+    an unknown name the rest of the key stays whole, so `build` reports the key as it was given."""
     out: dict[str, Any] = {}
     for key, value in flat.items():
         node, node_cls, path = out, cls, []
         parts = key.split(".")
         for i, part in enumerate(parts):
             path.append(part)
-            fields = _by_external_name(node_cls) if node_cls is not None else {}
-            f = fields.get(part)
+            f = _by_external_name(node_cls).get(part)
             sub = _optional_inner(field_types(node_cls)[f.name])[0] if f is not None else None
             last = i == len(parts) - 1
             if last or not _is_config(sub):
@@ -228,12 +220,12 @@ def build(cls, values: Mapping[str, Any], prefix: str = "", *, base: Any = None)
         raise ConfigError(f"config section {prefix.rstrip('.') or cls.__name__!r}: {e}") from None
 
 
-def _default(f: dataclasses.Field):
+def _default(f: dataclasses.Field, missing: Any = None):
     if f.default is not dataclasses.MISSING:
         return f.default
     if f.default_factory is not dataclasses.MISSING:
         return f.default_factory()
-    return None
+    return missing
 
 
 def apply(tree: Any, overrides: Iterable[str] | Mapping[str, Any], flag: str = "--set"):
