@@ -133,37 +133,43 @@ def test_mask_noise_adapter_round_trips_and_drafts_with_masks(tmp_path):
     lp, loaded = lora_lib.load(tmp_path / "adapter")
     assert loaded == mask_lora and lora_lib.metadata(tmp_path / "adapter")["noise"] == "mask"
 
-    f = 4
+    f, width = 4, 24  # causal attention: right padding to a fixed width changes no row before it
     rows = synthetic_tokens(np.random.default_rng(7), 6, 12)
     prompts = [list(map(int, r[:n])) for r, n in zip(rows, (12, 5, 9, 3, 7, 10))]
-    ar_step = jax.jit(lambda t: model_lib.forward(params, CFG, t))
-    draft = jax.jit(lambda t, g: model_lib.apply(params, CFG, t, gate=g, lora_params=lp, lora=LORA)[0])
+    ar_logits = jax.jit(lambda t: model_lib.forward(params, CFG, t))
+    draft_logits = jax.jit(lambda t, g: model_lib.apply(params, CFG, t, gate=g, lora_params=lp, lora=LORA)[0])
+
+    def padded(tokens):
+        return jnp.asarray([tokens + [CFG.pad_token_id] * (width - len(tokens))])
 
     def argmax(logits):
         logits = np.array(logits, np.float64)
         logits[CFG.mask_token_id] = -np.inf
         return int(np.argmax(logits))
 
-    def first_cycle_accepted(prompt):  # 1 + m: c0 and the accepted drafts
-        greedy = list(prompt)
+    def accepted_drafts(prompt):  # m: the drafts c1 … c_{F−1} accepted in the first cycle
+        n, greedy = len(prompt), list(prompt)
         for _ in range(f):
-            greedy.append(argmax(ar_step(jnp.asarray([greedy]))[0, -1]))
-        n = len(prompt)
-        toks = jnp.asarray([prompt + [CFG.mask_token_id] * (f - 1)])
-        q = draft(toks, jnp.asarray([[False] * n + [True] * (f - 1)]))[0]
+            greedy.append(argmax(ar_logits(padded(greedy))[0, len(greedy) - 1]))
+        gate = jnp.asarray([[n <= i < n + f - 1 for i in range(width)]])
+        q = draft_logits(padded(prompt + [CFG.mask_token_id] * (f - 1)), gate)[0]
         drafts = [argmax(q[n - 1 + j]) for j in range(1, f)]  # noise row j drafts position n + j
         m = 0
         while m < f - 1 and drafts[m] == greedy[n + 1 + m]:
             m += 1
-        return 1 + m
+        return m
 
+    # one cycle per row (2 new tokens); per draft index j, the share of rows that accepted it among
+    # those that examined it (c0 … c_{m+1})
+    m = np.asarray([accepted_drafts(p) for p in prompts])
+    j = np.arange(f)[:, None]
+    want = ((j <= m).sum(1) / np.maximum((j <= np.minimum(m + 1, f - 1)).sum(1), 1)).tolist()
     gc = GenerationConfig(mode="spec", max_new_tokens=2, draft_length=f, stop_at_eos=False)
-    got = {name: [generate(params, CFG, [p], gc, jax.random.PRNGKey(i), lora_params=lp, lora=cfg)
-                  .stats["accepted_per_cycle"] for i, p in enumerate(prompts)]
+    got = {name: generate(params, CFG, prompts, gc, jax.random.PRNGKey(1), lora_params=lp, lora=cfg).stats
            for name, cfg in (("mask", loaded), ("uniform", LORA))}
-    want = [first_cycle_accepted(p) for p in prompts]
-    assert got["mask"] == want
-    assert got["uniform"] != want  # the test tells the two conventions apart
+    assert got["mask"]["accepted_per_cycle"] == pytest.approx(1 + m.mean())
+    np.testing.assert_allclose(got["mask"]["acceptance_by_position"], want)
+    assert got["uniform"]["acceptance_by_position"] != want  # the test tells the two conventions apart
 
 
 # ------------------------------------------------------------------ cache invariant and the seed row
