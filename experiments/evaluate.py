@@ -2,7 +2,8 @@
 
     python -m experiments.evaluate --ckpt CKPT --data test.jsonl --modes ar,mdm,slotted,spec-self \\
         [--lora ADAPTER --modes spec-lora] [--answer final|regex|exact] [--answer-regex PAT] \\
-        [--max-new-tokens 64] [--batch-size 1] [--knob slotted.slot_size=4] [--out DIR]
+        [--max-new-tokens 64] [--batch-size 1] [--knob slotted.slot_size=4] [--batch1-examples N] \\
+        [--diagnose [--slot-sizes 2,4,8]] [--out DIR]
 
 Records are `{"prompt", "answer"}` (or chat `{"messages": [...]}` ending with the assistant answer).
 Modes: `ar` (autoregressive baseline), `mdm` (mode A, SPEC §5), `slotted` (mode B, SPEC §6),
@@ -11,8 +12,11 @@ Modes: `ar` (autoregressive baseline), `mdm` (mode A, SPEC §5), `slotted` (mode
 `GenerationConfig` field for one mode or all (YAML values, typed; an unknown field is an error that
 names the closest ones). Per mode it reports exact-match accuracy, wall-clock generated tokens/s
 (compile time excluded and reported apart), tokens per forward pass and the speed-up over `ar`; it
-writes `summary.json`, `summary.md` and `predictions.jsonl` (one line per example and mode) to `--out`
-(default `<ckpt>_eval`).
+writes `summary.json` (with the arguments and the code's provenance: commit, dirty tree, package
+versions), `summary.md` and `predictions.jsonl` (one line per example and mode) to `--out` (default
+`<ckpt>_eval`). `--batch1-examples N` also times the first N records at batch 1. `--diagnose` adds the
+diagnostics (`zarya_jax.eval.diagnose`: each head's teacher-forced accuracy by offset within a slot,
+where each mode's outputs first go wrong) to `summary.json` and `summary.md`.
 """
 from __future__ import annotations
 
@@ -22,10 +26,12 @@ import sys
 
 from zarya_jax import checkpoint
 from zarya_jax import lora as lora_lib
-from zarya_jax.eval import answers
+from zarya_jax.eval import answers, diagnose
 from zarya_jax.eval.evaluate import (MODES, evaluate, load_tokenizer_for, parse_knobs, parse_modes, summary_markdown,
                                      write_outputs)
 from zarya_jax.eval.tasks import read_jsonl
+from zarya_jax.files import atomic_write
+from zarya_jax.provenance import provenance
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--knob", action="append", default=[],
                    help="[MODE.]FIELD=VALUE GenerationConfig override, repeatable (e.g. slotted.slot_size=4)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch1-examples", type=int, default=0, help="also time the first N records at batch 1")
+    p.add_argument("--diagnose", action="store_true", help="add each head's teacher-forced accuracy and each "
+                   "mode's first errors to the summary")
+    p.add_argument("--slot-sizes", default="2,4,8", help="slot sizes of the --diagnose teacher-forced MDM accuracy")
     p.add_argument("--out", default=None, help="output directory (default: <ckpt>_eval)")
     return p
 
@@ -57,6 +67,14 @@ def main(argv=None) -> int:
             raise ValueError(f"--max-new-tokens={args.max_new_tokens}: expected > 0")
         if args.answer == "regex" and not args.answer_regex:
             raise ValueError("--answer regex needs --answer-regex PATTERN")
+        if args.batch1_examples < 0:
+            raise ValueError(f"--batch1-examples={args.batch1_examples}: expected ≥ 0")
+        try:
+            slot_sizes = [int(x) for x in args.slot_sizes.split(",") if x.strip()]
+        except ValueError:
+            slot_sizes = []
+        if not slot_sizes or min(slot_sizes) < 1:
+            raise ValueError(f"--slot-sizes {args.slot_sizes!r}: expected comma-separated integers ≥ 1, e.g. 2,4,8")
         if not os.path.exists(args.ckpt):
             raise ValueError(f"--ckpt {args.ckpt!r} does not exist")
         records = read_jsonl(args.data)
@@ -72,13 +90,25 @@ def main(argv=None) -> int:
         summary, predictions = evaluate(params, config, tokenizer, records, modes,
                                         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                                         knobs=knobs, method=args.answer, pattern=args.answer_regex,
-                                        lora_params=lora_params, lora=lora_cfg, seed=args.seed)
+                                        lora_params=lora_params, lora=lora_cfg, seed=args.seed,
+                                        batch1_examples=args.batch1_examples)
+        diag = (diagnose.analyse(params, config, tokenizer, records, summary, predictions, slot_sizes)
+                if args.diagnose else None)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = args.out or os.path.join(args.ckpt.rstrip("/") + "_eval")
-    write_outputs(out, summary, predictions, {"ckpt": os.path.abspath(args.ckpt), "data": os.path.abspath(args.data)})
+    extra = {"ckpt": os.path.abspath(args.ckpt), "data": os.path.abspath(args.data), "arguments": vars(args),
+             "provenance": provenance()}
+    if diag is not None:
+        extra["diagnostics"] = diag
+    write_outputs(out, summary, predictions, extra)
+    if diag is not None:
+        atomic_write(os.path.join(out, "summary.md"), summary_markdown(summary) + "\n## Diagnostics\n\n"
+                     + diagnose.markdown(diag))
     print(summary_markdown(summary))
+    if diag is not None:
+        print(diagnose.markdown(diag))
     print(f"wrote {out}/summary.json, summary.md, predictions.jsonl")
     return 0
 

@@ -1,12 +1,23 @@
-"""The research pipeline the quickstart and sweeps share: data → train → evaluate every mode → report.
+"""The research pipeline the quickstart and sweeps share: data → train → frontier on validation →
+evaluate the chosen points on test → diagnose → report.
+
+1. Data: the embedded task's train / validation / test splits (disjoint), or your own files.
+2. Train (unless `eval.ckpt`): Zarya's hybrid objective, or the AR-only baseline (`train.objective=ar`).
+3. Frontier (`zarya_jax.eval.frontier`, unless `frontier.enabled=false`): every decoding mode over a grid
+   of its knobs on the validation split; per mode the knobs are chosen there, never on test.
+4. Test: each mode at its chosen knobs (else `eval.knobs`), at the evaluation batch and at batch 1.
+5. Diagnose (`zarya_jax.eval.diagnose`): teacher-forced accuracy of the AR and MDM heads by offset within
+   a slot, and where each mode's outputs first go wrong; one sentence per mode that loses accuracy.
+6. Report: `report.json` (every number, the frontier, the config and the code's provenance),
+   `report.md`, `report.png` (the frontier against tokens per forward and tokens/s, the loss curve).
 
 Its configuration is one typed tree, `PipelineConfig`: the trainer's sections (`model`, `zarya`,
 `optim`, `data`, `mesh`, `train`, see `zarya_jax.train.config`) plus `task` (the embedded task
-generator, or your own files), `drafter` (Uno's LoRA drafter, trained only for `spec-lora`),
-`train_init` (the embedding init scale) and `eval` (modes, budget, batch, answer extraction and per-mode
-decoding knobs `eval.knobs.<mode>.<GenerationConfig field>`). `default_config()` holds the quickstart's
-defaults, tuned for a 2-core CPU; `--set` on the quickstart and every key of a sweep file are dotted
-keys of this tree, typed and checked by `zarya_jax.overrides`.
+generator, or your own files), `drafter` (Uno's LoRA drafter, trained only for `spec-lora`), `eval`
+(modes, budget, batch, answer extraction and per-mode decoding knobs
+`eval.knobs.<mode>.<GenerationConfig field>`) and `frontier` (the grid and the choice rule).
+`default_config()` holds the quickstart's defaults, tuned for a 2-core CPU; `--set` on the quickstart
+and every key of a sweep file are dotted keys of this tree, typed and checked by `zarya_jax.overrides`.
 """
 from __future__ import annotations
 
@@ -21,31 +32,35 @@ from zarya_jax import lora as lora_lib
 from zarya_jax.config import ModelConfig, ZaryaConfig
 from zarya_jax.data.pipeline import DataConfig
 from zarya_jax.data.tokenizer import load_tokenizer
-from zarya_jax.eval import tasks
+from zarya_jax.eval import diagnose, frontier, tasks
 from zarya_jax.eval.evaluate import MODE_LABELS, EvalConfig, Knobs, ModeKnobs, evaluate, summary_markdown, write_outputs
+from zarya_jax.eval.frontier import FrontierConfig
 from zarya_jax.files import atomic_write, atomic_write_json
-from zarya_jax.model import init_params
+from zarya_jax.provenance import provenance
 from zarya_jax.train.config import RunConfig, TrainConfig
 from zarya_jax.train import drafter as drafter_run
 from zarya_jax.train.loop import train
 from zarya_jax.train.metrics import read_metrics
 from zarya_jax.train.optim import OptimConfig
 
-from .plots import report_plot
+from .plots import frontier_plot
 
 DEFAULT_MODES = ("ar", "mdm", "slotted", "spec-self")
 
 
 @dataclasses.dataclass(frozen=True)
 class TaskSection:
-    """The embedded arithmetic task (`zarya_jax.eval.tasks`), or your own `train_file` + `test_file`."""
+    """The embedded arithmetic task (`zarya_jax.eval.tasks`), or your own `train_file` + `test_file` (and
+    `val_file`; without it the last `num_val` records of `train_file` are held out for validation)."""
 
     difficulty: int = 1
     num_train: int = 50000
     num_test: int = 200
+    num_val: int = 100
     seed: int = 0
     train_file: str = ""
     test_file: str = ""
+    val_file: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,21 +76,13 @@ class DrafterSection:
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainInit:
-    """`embed_std`: the random init's embedding scale (Hugging Face's Qwen3 `initializer_range` 0.02;
-    0 keeps the library's unit-variance embedding)."""
-
-    embed_std: float = 0.02
-
-
-@dataclasses.dataclass(frozen=True)
 class PipelineConfig(RunConfig):
-    """The trainer's sections plus the task, the drafter, the init and the evaluation."""
+    """The trainer's sections plus the task, the drafter, the evaluation and the frontier."""
 
     task: TaskSection = TaskSection()
     drafter: DrafterSection = DrafterSection()
-    train_init: TrainInit = TrainInit()
     eval: EvalConfig = EvalConfig()
+    frontier: FrontierConfig = FrontierConfig()
 
 
 def command(body: Callable[[], int], errors: tuple[type[Exception], ...], resume_hint: str = "") -> int:
@@ -92,43 +99,61 @@ def command(body: Callable[[], int], errors: tuple[type[Exception], ...], resume
 
 
 def default_config() -> PipelineConfig:
-    """The quickstart defaults, tuned for a 2-core CPU (see the README for measured results)."""
+    """The quickstart defaults, tuned for a 2-core CPU (see the README for measured results): a 0.82M
+    Qwen3 on the byte-level task, 2000 steps of batch 32 with the slot curriculum 2 → 4 → 8 and λ = 0.3
+    (more weight on the AR rows, which also verify every parallel mode's tokens)."""
     return PipelineConfig(
         model=ModelConfig(vocab_size=264, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
                           num_kv_heads=2, head_dim=32, max_position_embeddings=512, mask_token_id=259,
                           eos_token_id=258, pad_token_id=256),
-        zarya=ZaryaConfig(slotted_training=True, slot_size_set=(2, 4, 8), slot_step_borders=(0.1, 0.4, 1.0)),
+        zarya=ZaryaConfig(slotted_training=True, slot_size_set=(2, 4, 8), slot_step_borders=(0.1, 0.4, 1.0),
+                          diffusion_loss_proportion=0.3),
         optim=OptimConfig(lr=2e-3, warmup_steps=100, schedule="cosine", min_lr_ratio=0.05, weight_decay=0.01),
         data=DataConfig(tokenizer="byte", max_length=88, batch_size=32, pack=False, seed=0),
-        train=TrainConfig(steps=600, log_every=25, eval_every=0, save_every=200, keep=1, keep_best=0,
+        train=TrainConfig(steps=2000, log_every=25, eval_every=0, save_every=500, keep=1, keep_best=0,
                           async_checkpointing=False),
         eval=EvalConfig(modes=DEFAULT_MODES, max_new_tokens=32, batch_size=25, limit=0, answer="final",
-                        answer_regex="", seed=0, ckpt="",
-                        knobs=ModeKnobs(mdm=Knobs(steps=0, alpha0=0.25),
-                                        slotted=Knobs(slot_size=4, serial_num_blocks=1, slot_threshold=0.9,
-                                                      token_threshold=0.9),
-                                        spec_self=Knobs(draft_length=8), spec_lora=Knobs(draft_length=8))))
+                        answer_regex="", seed=0, ckpt="", batch1_examples=40,
+                        knobs=ModeKnobs(mdm=Knobs(steps=8, alpha0=0.5),
+                                        slotted=Knobs(slot_size=8, serial_num_blocks=4, slot_threshold=0.9,
+                                                      token_threshold=0.9, ar_infill=True, ar_first_token=True),
+                                        spec_self=Knobs(draft_length=8), spec_lora=Knobs(draft_length=8))),
+        frontier=FrontierConfig())
 
 
-def run_config(config: PipelineConfig, train_file: str, test_file: str) -> RunConfig:
-    """The trainer's `RunConfig` with the data files filled in (the test split is the eval set only
-    when the run evaluates during training)."""
-    data = dataclasses.replace(config.data, train=(train_file,), eval=(test_file,) if config.train.eval_every else ())
+def run_config(config: PipelineConfig, train_file: str, eval_file: str) -> RunConfig:
+    """The trainer's `RunConfig` with the data files filled in (`eval_file`, the validation split, is
+    the trainer's eval set only when the run evaluates during training)."""
+    data = dataclasses.replace(config.data, train=(train_file,), eval=(eval_file,) if config.train.eval_every else ())
     return config.run_config().replace(data=data)
 
 
-def prepare_data(config: PipelineConfig, workdir: str) -> tuple[str, str]:
-    """The task's train/test files (generated deterministically), or the user's files if given."""
+def prepare_data(config: PipelineConfig, workdir: str) -> dict[str, str]:
+    """{'train', 'val', 'test'} file paths: the task's splits (generated deterministically), or the
+    user's files, with the validation split held out from the end of the train file when the frontier
+    needs one and no `task.val_file` is given; 'val' is None when there is none."""
     task = config.task
     if task.train_file or task.test_file:
         if not (task.train_file and task.test_file):
             raise ValueError("task.train_file and task.test_file must be given together")
-        for path in (task.train_file, task.test_file):
-            if not os.path.isfile(path):
+        for path in (task.train_file, task.test_file, task.val_file):
+            if path and not os.path.isfile(path):
                 raise FileNotFoundError(f"data file {path!r} does not exist")
-        return task.train_file, task.test_file
-    return tasks.write_splits(os.path.join(workdir, "data"), task.num_train, task.num_test, task.seed,
-                              task.difficulty)
+        if task.val_file or not task.num_val or not config.frontier.enabled:
+            return {"train": task.train_file, "val": task.val_file or None, "test": task.test_file}
+        records = tasks.read_jsonl(task.train_file)
+        if len(records) <= task.num_val:
+            raise ValueError(f"task.train_file {task.train_file!r} has {len(records)} records: too few to hold out "
+                             f"task.num_val={task.num_val} for validation (give task.val_file, or lower task.num_val)")
+        out = os.path.join(workdir, "data")
+        paths = {"train": os.path.join(out, "train.jsonl"), "val": os.path.join(out, "val.jsonl"),
+                 "test": task.test_file}
+        tasks.write_jsonl(paths["val"], records[-task.num_val:])
+        tasks.write_jsonl(paths["train"], records[:-task.num_val])
+        return paths
+    paths = tasks.write_splits(os.path.join(workdir, "data"), task.num_train, task.num_test, task.seed,
+                               task.difficulty, task.num_val)
+    return {"val": None, **paths}
 
 
 def loss_curve(train_dir: str) -> list[tuple[int, float]]:
@@ -143,24 +168,11 @@ class TrainingInterrupted(KeyboardInterrupt):
     """Training was stopped by a signal after saving a checkpoint (not a failure of the run)."""
 
 
-def small_init(model_config: ModelConfig, embed_std: float):
-    """Random init with the embedding scaled to std `embed_std` (Hugging Face's Qwen3
-    `initializer_range` 0.02): the library's unit-variance embedding, tied to the head, starts from
-    logits so large that the first ~50 steps only shrink them, a real cost on a CPU budget."""
-
-    def init(key):
-        params = init_params(model_config, key)
-        return {**params, "embed": params["embed"] * embed_std}
-
-    return init if embed_std > 0 else None
-
-
-def train_model(config: PipelineConfig, train_file: str, test_file: str, workdir: str, hooks=()) -> dict:
+def train_model(config: PipelineConfig, train_file: str, eval_file: str, workdir: str, hooks=()) -> dict:
     """Trains (resuming if `workdir/train` holds a checkpoint of the same run) and returns the summary."""
-    run = run_config(config, train_file, test_file)
+    run = run_config(config, train_file, eval_file)
     t0 = time.perf_counter()
-    summary = train(run, os.path.join(workdir, "train"), init_params=small_init(run.model, config.train_init.embed_std),
-                    hooks=hooks)
+    summary = train(run, os.path.join(workdir, "train"), hooks=hooks)
     summary["wall_s"] = time.perf_counter() - t0
     if summary["status"] != "completed":
         # A signal (SIGTERM/SIGINT) stopped training after a checkpoint: stop everything (a sweep
@@ -185,92 +197,168 @@ def train_lora_drafter(config: PipelineConfig, ckpt: str, train_file: str, workd
     return lora_lib.load(os.path.join(out, "adapter"))
 
 
+def choose_knobs(config: PipelineConfig, params, model_config, tokenizer, val_records, lora_params, lora_cfg,
+                 progress: bool) -> tuple[dict[str, dict], dict | None]:
+    """Per mode, the decoding knobs to report on test: chosen on the validation frontier (returned as
+    {'points', 'chosen'}), or `eval.knobs` when the frontier is off."""
+    ev, fc = config.eval, config.frontier
+    fixed = {m: k for m, k in ev.knobs.as_dict().items() if m in ev.modes}
+    if not fc.enabled:
+        return fixed, None
+    points = frontier.grid_points(fc, ev.modes, ev.max_new_tokens)
+    bar = _bar("frontier (validation)", len(points)) if progress else None
+    rows = frontier.sweep(params, model_config, tokenizer, val_records, points, max_new_tokens=ev.max_new_tokens,
+                          batch_size=ev.batch_size, method=ev.answer, pattern=ev.answer_regex or None,
+                          seed=ev.seed, lora_params=lora_params, lora=lora_cfg,
+                          progress=(lambda i, n: bar.update(1)) if bar else None)
+    if bar:
+        bar.close()
+    chosen = frontier.choose(rows, fc.tolerance)
+    return {m: chosen[m]["knobs"] for m in ev.modes}, {"points": rows, "chosen": chosen,
+                                                          "validation_examples": len(val_records)}
+
+
+def _bar(desc: str, total: int):
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, unit="pt", leave=False, file=sys.stderr)
+
+
 def run_pipeline(config: PipelineConfig, workdir: str, progress: bool = True) -> dict:
-    """Data → train (unless eval.ckpt) → evaluate every mode → report files. Returns the report dict."""
+    """Data → train (unless eval.ckpt) → frontier on validation → chosen points on test → diagnostics →
+    report files. Returns the report dict."""
     t_start = time.perf_counter()
     ev = config.eval
     ckpt = ev.ckpt
     if ckpt and not os.path.exists(ckpt):
         raise FileNotFoundError(f"checkpoint {ckpt!r} does not exist")
+    if config.frontier.enabled and not (config.task.num_val or config.task.val_file):
+        raise ValueError("the frontier chooses decoding knobs on a validation split: set task.num_val ≥ 1 (or "
+                         "task.val_file), or frontier.enabled=false to use eval.knobs")
     os.makedirs(workdir, exist_ok=True)
-    train_file, test_file = prepare_data(config, workdir)
+    files = prepare_data(config, workdir)
     train_summary = None
     if not ckpt:
         config = config.replace(train=dataclasses.replace(config.train,
                                                           progress_bar=bool(progress and config.train.progress_bar)))
-        train_summary = train_model(config, train_file, test_file, workdir)
+        train_summary = train_model(config, files["train"], files["val"], workdir)
         ckpt = train_summary["final_params"]
     params, model_config = checkpoint.load(ckpt)
     tokenizer = load_tokenizer(checkpoint.tokenizer_dir(ckpt) or config.data.tokenizer)
-    records = tasks.read_jsonl(test_file)
+    records = tasks.read_jsonl(files["test"])
     if ev.limit:
         records = records[: ev.limit]
     lora_params = lora_cfg = None
     if "spec-lora" in ev.modes:
-        lora_params, lora_cfg = train_lora_drafter(config, ckpt, train_file, workdir, progress)
+        lora_params, lora_cfg = train_lora_drafter(config, ckpt, files["train"], workdir, progress)
+    t_frontier = time.perf_counter()
+    val_records = tasks.read_jsonl(files["val"]) if config.frontier.enabled else []
+    knobs, front = choose_knobs(config, params, model_config, tokenizer, val_records, lora_params, lora_cfg,
+                                progress)
+    t_test = time.perf_counter()
     summary, predictions = evaluate(params, model_config, tokenizer, records, list(ev.modes),
-                                    max_new_tokens=ev.max_new_tokens, batch_size=ev.batch_size,
-                                    knobs=ev.knobs.as_dict(), method=ev.answer, pattern=ev.answer_regex or None,
-                                    seed=ev.seed, progress=progress, lora_params=lora_params, lora=lora_cfg)
+                                    max_new_tokens=ev.max_new_tokens, batch_size=ev.batch_size, knobs=knobs,
+                                    method=ev.answer, pattern=ev.answer_regex or None, seed=ev.seed,
+                                    progress=progress, lora_params=lora_params, lora=lora_cfg,
+                                    batch1_examples=ev.batch1_examples)
+    for row in summary:
+        row["knobs"] = knobs.get(row["mode"], {})
+        row["point"] = frontier.describe(row["mode"], row["knobs"]) if row["knobs"] else ""
+    if front is not None:
+        for row in summary:
+            row["validation_accuracy"] = front["chosen"][row["mode"]]["accuracy"]
+    t_diag = time.perf_counter()
+    slot_sizes = sorted(set(config.zarya.slot_size_set) | {r["generation_config"]["slot_size"] for r in summary
+                                                           if r["mode"] == "slotted"})
+    diag = diagnose.analyse(params, model_config, tokenizer, records, summary, predictions, slot_sizes)
     write_outputs(os.path.join(workdir, "eval"), summary, predictions)
     report = {
+        "provenance": provenance(),
         "checkpoint": os.path.abspath(ckpt),
         "model": {"params": model_config.num_params(), **dataclasses.asdict(model_config)},
         "train": None if train_summary is None else {
             k: train_summary.get(k) for k in ("status", "step", "loss", "eval_loss", "tokens_per_s", "mfu", "wall_s")},
         "modes": summary,
-        "targets": targets(summary),
+        "targets": targets(summary, predictions),
+        "frontier": front,
+        "diagnostics": diag,
         "loss_curve": loss_curve(os.path.join(workdir, "train")) if train_summary else [],
         "config": overrides.to_dict(config),
+        "timings": {"frontier_s": t_test - t_frontier, "test_s": t_diag - t_test,
+                    "diagnostics_s": time.perf_counter() - t_diag},
         "wall_s": time.perf_counter() - t_start,
     }
     write_report(workdir, report)
     return report
 
 
-def targets(summary: list[dict]) -> list[dict]:
-    """The quickstart's goals, each with the measured value and whether it is met."""
+def targets(summary: list[dict], predictions: list[dict]) -> list[dict]:
+    """The quickstart's goals, each with the measured value (test split) and whether it is met."""
     by = {r["mode"]: r for r in summary}
     out = []
     ar = by.get("ar")
     if ar:
-        out.append({"target": "AR exact match ≥ 90%", "value": ar["accuracy"], "met": ar["accuracy"] >= 0.9})
-    for mode in ("slotted", "spec-self"):
-        r = by.get(mode)
-        if r and ar:
-            out.append({"target": f"{MODE_LABELS[mode]}: ≥ 2.5 tokens per forward",
-                        "value": r["tokens_per_forward"], "met": r["tokens_per_forward"] >= 2.5})
-            out.append({"target": f"{MODE_LABELS[mode]}: accuracy within 2 points of AR",
-                        "value": r["accuracy"] - ar["accuracy"], "met": abs(r["accuracy"] - ar["accuracy"]) <= 0.02})
+        out.append({"target": "AR exact match ≥ 80% (stretch 90%)", "value": ar["accuracy"],
+                    "met": ar["accuracy"] >= 0.8})
+    r = by.get("slotted")
+    if r and ar:
+        out.append({"target": "mode B (chosen on validation): ≥ 2.0 tokens per forward",
+                    "value": r["tokens_per_forward"], "met": r["tokens_per_forward"] >= 2.0})
+        out.append({"target": "mode B: accuracy within 3 points of AR", "value": r["accuracy"] - ar["accuracy"],
+                    "met": r["accuracy"] >= ar["accuracy"] - 0.03})
     for mode in ("spec-self", "spec-lora"):
         r = by.get(mode)
         if r and ar:
-            out.append({"target": f"{MODE_LABELS[mode]}: accuracy identical to AR (lossless)",
-                        "value": r["accuracy"] - ar["accuracy"], "met": r["accuracy"] == ar["accuracy"]})
-            out.append({"target": f"{MODE_LABELS[mode]}: wall-clock speed-up over AR",
-                        "value": r["speedup_vs_ar"], "met": bool(r["speedup_vs_ar"] and r["speedup_vs_ar"] > 1)})
+            outs = {p["index"]: p["output_ids"] for p in predictions if p["mode"] == mode}
+            same = all(outs.get(p["index"]) == p["output_ids"] for p in predictions if p["mode"] == "ar")
+            out.append({"target": f"{MODE_LABELS[mode]}: outputs identical to AR token for token (lossless)",
+                        "value": r["accuracy"] - ar["accuracy"], "met": same and r["accuracy"] == ar["accuracy"]})
+            if mode == "spec-self":
+                out.append({"target": f"{MODE_LABELS[mode]}: ≥ 2.5 tokens per forward",
+                            "value": r["tokens_per_forward"], "met": r["tokens_per_forward"] >= 2.5})
     return out
+
+
+def _pct(x):
+    return "–" if x is None else f"{100 * x:.1f}%"
 
 
 def report_markdown(report: dict) -> str:
     lines = ["# Zarya quickstart report", ""]
     m = report["model"]
+    prov = report.get("provenance") or {}
+    commit = (prov.get("commit") or "unknown")[:12] + (" (uncommitted changes)" if prov.get("dirty") else "")
+    lines.append(f"Code: commit {commit}; {prov.get('devices', '')}.")
     lines.append(f"Model: {m['params'] / 1e6:.2f}M parameters ({m['num_layers']} layers, hidden {m['hidden_size']}), "
                  f"checkpoint `{report['checkpoint']}`.")
     if report["train"]:
         t = report["train"]
         tps = f"{t['tokens_per_s']:.0f}" if t.get("tokens_per_s") else "–"
-        lines.append(f"Training: {t['step']} steps, final loss {t['loss']:.4f}, {t['wall_s']:.0f} s, "
-                     f"{tps} tokens/s.")
+        loss = f"{t['loss']:.4f}" if t.get("loss") is not None else "–"
+        lines.append(f"Training: {t['step']} steps, final loss {loss}, {t['wall_s']:.0f} s, {tps} tokens/s.")
     modes = report["modes"]
-    lines += ["", f"Held-out examples: {modes[0]['examples'] if modes else 0}, batch size "
-              f"{modes[0]['batch_size'] if modes else '–'}, greedy decoding.", "", summary_markdown(modes)]
+    front = report.get("frontier")
+    how = (f"knobs chosen per mode on {front['validation_examples']} validation examples (the most tokens per "
+           f"forward within {100 * report['config']['frontier']['tolerance']:.0f} points of AR there)"
+           if front else "knobs from eval.knobs")
+    lines += ["", f"Test split: {modes[0]['examples'] if modes else 0} held-out examples, greedy decoding; {how}.",
+              "", summary_markdown(modes)]
     if report["targets"]:
         lines += ["| target | measured | met |", "|---|---|---|"]
         for t in report["targets"]:
             v = t["value"]
             v = "–" if v is None else f"{v:.3g}"
             lines.append(f"| {t['target']} | {v} | {'yes' if t['met'] else 'no'} |")
+    if report.get("diagnostics"):
+        lines += ["", "## Diagnostics (test split)", "", diagnose.markdown(report["diagnostics"])]
+    if front:
+        lines += ["", "## Frontier (validation split)", "",
+                  "| mode | knobs | exact match | tokens / forward | tokens / s |", "|---|---|---|---|---|"]
+        for r in sorted(frontier.pareto(front["points"]), key=lambda r: (list(MODE_LABELS).index(r["mode"]),
+                                                                          r["tokens_per_forward"])):
+            lines.append(f"| {r['label']} | {r['point'] or '–'} | {_pct(r['accuracy'])} | "
+                         f"{r['tokens_per_forward']:.2f} | {r['tokens_per_s']:.0f} |")
+        lines.append(f"\n{len(front['points'])} points in all (`report.json` → frontier.points); the table lists "
+                     "those no other point of the same mode beats on both accuracy and tokens per forward.")
     lines += ["", f"Total wall time: {report['wall_s']:.0f} s.", ""]
     return "\n".join(lines)
 
@@ -278,4 +366,6 @@ def report_markdown(report: dict) -> str:
 def write_report(workdir: str, report: dict) -> None:
     atomic_write_json(os.path.join(workdir, "report.json"), report, default=str)
     atomic_write(os.path.join(workdir, "report.md"), report_markdown(report))
-    report_plot(report["modes"], report["loss_curve"], os.path.join(workdir, "report.png"), "Zarya quickstart")
+    points = report["frontier"]["points"] if report.get("frontier") else []
+    frontier_plot(points, report["modes"], report["loss_curve"], os.path.join(workdir, "report.png"),
+                  "Zarya quickstart")

@@ -16,25 +16,42 @@ def _save(fig, path: str) -> None:
     plt.close(fig)
 
 
-def report_plot(modes: list[dict], loss_curve: list[tuple[int, float]] | None, path: str, title: str = "") -> None:
-    """Two panels: exact match vs tokens per forward (one point per decoding mode), loss vs step."""
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for r in modes:
-        ax1.scatter(r["tokens_per_forward"], 100 * r["accuracy"], s=60)
-        ax1.annotate(r.get("label", r["mode"]), (r["tokens_per_forward"], 100 * r["accuracy"]),
-                     textcoords="offset points", xytext=(5, 5), fontsize=8)
-    ax1.set_xlabel("tokens per forward pass")
-    ax1.set_ylabel("exact match (%)")
-    ax1.set_title("accuracy vs parallelism")
-    ax1.grid(alpha=0.3)
+MODE_COLORS = {"ar": "black", "mdm": "tab:orange", "slotted": "tab:blue", "spec-self": "tab:green",
+               "spec-lora": "tab:purple"}
+
+
+def frontier_plot(points: list[dict], chosen: list[dict], loss_curve: list[tuple[int, float]] | None, path: str,
+                  title: str = "") -> None:
+    """Three panels: accuracy vs tokens per forward and vs tokens/s for every frontier point (small,
+    validation split) and each mode's chosen point (large, test split); the training loss curve."""
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
+    for ax, x, xlabel in ((axes[0], "tokens_per_forward", "tokens per forward pass"),
+                          (axes[1], "tokens_per_s", "generated tokens / s (this machine)")):
+        for mode in dict.fromkeys(p["mode"] for p in points):
+            pts = [p for p in points if p["mode"] == mode]
+            ax.scatter([p[x] for p in pts], [100 * p["accuracy"] for p in pts], s=12, alpha=0.45,
+                       color=MODE_COLORS.get(mode), label=f"{pts[0].get('label', mode)} (validation)")
+        for r in chosen:
+            ax.scatter(r[x], 100 * r["accuracy"], s=90, marker="*", color=MODE_COLORS.get(r["mode"]),
+                       edgecolors="black", linewidths=0.6, zorder=3)
+            ax.annotate(r.get("label", r["mode"]), (r[x], 100 * r["accuracy"]), textcoords="offset points",
+                        xytext=(5, 5), fontsize=8)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("exact match (%)")
+        ax.grid(alpha=0.3)
+    axes[0].set_title("frontier: accuracy vs parallelism (★ chosen, test split)")
+    axes[1].set_title("accuracy vs wall clock")
+    axes[1].set_xscale("log")
+    if points:
+        axes[0].legend(fontsize=7, loc="lower left")
     if loss_curve:
         steps, losses = zip(*loss_curve)
-        ax2.plot(steps, losses, lw=1)
-        ax2.set_yscale("log")
-    ax2.set_xlabel("step")
-    ax2.set_ylabel("training loss")
-    ax2.set_title("loss curve")
-    ax2.grid(alpha=0.3)
+        axes[2].plot(steps, losses, lw=1)
+        axes[2].set_yscale("log")
+    axes[2].set_xlabel("step")
+    axes[2].set_ylabel("training loss")
+    axes[2].set_title("loss curve")
+    axes[2].grid(alpha=0.3)
     if title:
         fig.suptitle(title)
     _save(fig, path)

@@ -1,22 +1,24 @@
 """The main job: train a tiny Zarya on the embedded arithmetic task, then compare every decoding mode.
 
-    python -m experiments.quickstart                       # 600 steps: ~12 CPU-minutes on 2 cores
+    python -m experiments.quickstart                       # 2000 steps: about 10 minutes on 2 CPU cores
+    python -m experiments.quickstart --objective ar        # the AR-only baseline, same model and budget
     python -m experiments.quickstart --steps 6000          # a longer run
     python -m experiments.quickstart --minutes 20          # pick the step count for a time budget
     python -m experiments.quickstart --ckpt runs/quickstart/train/final   # evaluate an existing checkpoint
     python -m experiments.quickstart --smoke               # seconds: the pipeline end to end, tiny
 
-Steps (`experiments.pipeline`): (1) write the task's train/test JSONL (`zarya_jax.eval.tasks`, byte
-tokenizer); (2) train with slotted training and the slot-size curriculum (SPEC §2) through
-`zarya_jax.train.loop.train`, with a progress bar, saving Orbax checkpoints; (3) evaluate the held-out
-split in AR, mode A, mode B and lossless speculative decoding with the self drafter (SPEC §5–§7);
-(4) print one table (exact match, tokens per forward, tokens/s, speed-up over AR) and write
-`report.json`, `report.md` and `report.png` (accuracy vs tokens per forward, loss curve) to `--workdir`.
+Steps (`experiments.pipeline`): (1) write the task's train / validation / test JSONL
+(`zarya_jax.eval.tasks`, byte tokenizer); (2) train with slotted training and the slot-size curriculum
+(SPEC §2) through `zarya_jax.train.loop.train`, with a progress bar, saving Orbax checkpoints; (3) sweep
+every decoding mode's knobs on the validation split and choose each mode's point there (the frontier);
+(4) evaluate the test split at the chosen points, at the evaluation batch and at batch 1; (5) diagnose
+each head and each mode's errors; (6) print the table and write `report.json`, `report.md` and
+`report.png` (the frontier, the loss curve) to `--workdir`.
 
 The run configuration is one typed tree (`experiments.pipeline.PipelineConfig`): the trainer's sections
-`model`, `zarya`, `optim`, `data`, `mesh`, `train`, plus `task` (the generator), `drafter`, `train_init`
-and `eval` (modes, knobs). `--set section.key=value` overrides any entry; sweeps (`experiments.sweep`)
-use the same keys.
+`model`, `zarya`, `optim`, `data`, `mesh`, `train`, plus `task` (the generator), `drafter`, `eval`
+(modes, knobs) and `frontier` (the grid). `--set section.key=value` overrides any entry; sweeps
+(`experiments.sweep`) use the same keys.
 """
 from __future__ import annotations
 
@@ -33,22 +35,25 @@ from zarya_jax.train.hooks import OnStep, StepEvent
 
 from . import pipeline
 
-SMOKE = {"task.num_train": 64, "task.num_test": 4, "model.hidden_size": 32, "model.intermediate_size": 64,
-         "model.num_layers": 1, "model.num_heads": 2, "model.num_kv_heads": 1, "model.head_dim": 16,
-         "zarya.slot_size_set": [4], "zarya.slot_step_borders": [1.0], "data.batch_size": 8,
+SMOKE = {"task.num_train": 64, "task.num_test": 4, "task.num_val": 4, "model.hidden_size": 32,
+         "model.intermediate_size": 64, "model.num_layers": 1, "model.num_heads": 2, "model.num_kv_heads": 1,
+         "model.head_dim": 16, "zarya.slot_size_set": [4], "zarya.slot_step_borders": [1.0], "data.batch_size": 8,
          "optim.warmup_steps": 2, "train.steps": 4, "train.log_every": 1,
-         "train.save_every": 0, "eval.batch_size": 4, "eval.max_new_tokens": 8,
-         "eval.knobs.slotted.slot_size": 4, "eval.knobs.spec-self.draft_length": 4}
+         "train.save_every": 0, "eval.batch_size": 4, "eval.max_new_tokens": 8, "eval.batch1_examples": 2,
+         "eval.knobs.slotted.slot_size": 4, "eval.knobs.slotted.serial_num_blocks": 2,
+         "eval.knobs.spec-self.draft_length": 4, "frontier.slotted_slot_size": [4],
+         "frontier.slotted_serial_num_blocks": [0], "frontier.slotted_slot_threshold": [0.9],
+         "frontier.slotted_token_threshold": [0.5, 0.9], "frontier.slotted_corrections": ["refusion", "both"],
+         "frontier.mdm_steps": [0, 2], "frontier.mdm_alpha0": [0.5], "frontier.draft_lengths": [4]}
 """--smoke: seconds instead of minutes: a tiny model, a handful of steps and examples, one slot size."""
 
 
-def calibrate_steps(config: pipeline.PipelineConfig, train_file: str, test_file: str, workdir: str,
-                    minutes: float) -> int:
+def calibrate_steps(config: pipeline.PipelineConfig, train_file: str, workdir: str, minutes: float) -> int:
     """Steps that fit `minutes` of training: times a short throwaway run (compile excluded) and
     divides. The curriculum and LR schedule need the total up front, hence the measurement."""
     probe = overrides.apply(config, {
         "train.steps": 12, "train.save_every": 0, "train.export_final": False, "train.progress_bar": False,
-        "train.log_every": 0, "zarya.slot_size_set": [config.zarya.slot_size_set[-1]],
+        "train.log_every": 0, "train.eval_every": 0, "zarya.slot_size_set": [config.zarya.slot_size_set[-1]],
         "zarya.slot_step_borders": [1.0]})
     times: list[float] = []
 
@@ -57,7 +62,7 @@ def calibrate_steps(config: pipeline.PipelineConfig, train_file: str, test_file:
 
     scratch = os.path.join(workdir, "calibration")
     shutil.rmtree(scratch, ignore_errors=True)
-    pipeline.train(pipeline.run_config(probe, train_file, test_file), scratch, hooks=[OnStep(tick)])
+    pipeline.train(pipeline.run_config(probe, train_file, ""), scratch, hooks=[OnStep(tick)])
     shutil.rmtree(scratch, ignore_errors=True)
     per_step = (times[-1] - times[3]) / (len(times) - 4)
     return max(1, int(minutes * 60 / per_step))
@@ -69,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                                            defaults=pipeline.default_config())),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workdir", default="runs/quickstart", help="where data, checkpoints and reports go")
-    p.add_argument("--steps", type=int, default=None, help="training steps (default 600)")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default 2000)")
+    p.add_argument("--objective", choices=("zarya", "ar"), default=None,
+                   help="zarya (default, the hybrid loss) or ar (the AR-only baseline: plain next-token loss)")
     p.add_argument("--minutes", type=float, default=None,
                    help="training time budget: measure this machine's step time, then choose --steps")
     p.add_argument("--ckpt", default=None, help="evaluate this checkpoint; skip training")
@@ -92,6 +99,8 @@ def config_from_args(args) -> pipeline.PipelineConfig:
         flags["train.steps"] = args.steps
     if args.difficulty is not None:
         flags["task.difficulty"] = args.difficulty
+    if args.objective:
+        flags["train.objective"] = args.objective
     if args.modes:
         flags["eval.modes"] = parse_modes(args.modes)
     if args.ckpt:
@@ -111,8 +120,8 @@ def _run(args) -> int:
             raise ValueError(f"--minutes={args.minutes}: expected > 0")
         if args.steps is not None:
             raise ValueError("give --steps or --minutes, not both")
-        train_file, test_file = pipeline.prepare_data(config, args.workdir)
-        steps = calibrate_steps(config, train_file, test_file, args.workdir, args.minutes)
+        steps = calibrate_steps(config, pipeline.prepare_data(config, args.workdir)["train"], args.workdir,
+                                args.minutes)
         config = overrides.apply(config, {"train.steps": steps})
         print(f"--minutes {args.minutes}: {steps} steps fit on this machine", flush=True)
     report = pipeline.run_pipeline(config, args.workdir, progress=not args.no_progress)

@@ -15,7 +15,7 @@ A sweep file (YAML or JSON):
       zarya.diffusion_loss_proportion: [0.25, 0.5]
 
 The run config is the quickstart's (`experiments.pipeline.PipelineConfig`: sections task, model,
-zarya, optim, data, mesh, train, drafter, train_init, eval); its dotted keys are typed and checked by
+zarya, optim, data, mesh, train, drafter, eval, frontier); its dotted keys are typed and checked by
 `zarya_jax.overrides` for every run before anything runs (also by --dry-run, which prints each run's
 typed overrides). Each run trains a model and evaluates it in the configured decoding modes.
 Resumable: a finished run leaves `<workdir>/<run>/DONE.json` (written atomically, so a killed run
@@ -42,6 +42,8 @@ import yaml
 from zarya_jax import overrides
 from zarya_jax.config import ConfigError
 from zarya_jax.files import atomic_write, atomic_write_json
+from zarya_jax.overrides import to_dict
+from zarya_jax.provenance import provenance
 
 from . import pipeline
 from .plots import sweep_plot
@@ -151,7 +153,8 @@ def run_sweep(spec: dict, workdir: str, run_fn=None, host_index: int = 0, num_ho
             log(f"[sweep] {name}: FAILED ({type(e).__name__}: {e}); see {run_dir}/error.txt")
             status["failed"].append(name)
             continue
-        record = {"name": name, "overrides": overrides, "metrics": metrics, "wall_s": time.time() - t0}
+        record = {"name": name, "overrides": overrides, "metrics": metrics, "wall_s": time.time() - t0,
+                  "config": to_dict(run_configs[name]), "provenance": provenance()}
         atomic_write_json(os.path.join(run_dir, DONE), record, default=str)
         if os.path.exists(os.path.join(run_dir, "error.txt")):
             os.remove(os.path.join(run_dir, "error.txt"))

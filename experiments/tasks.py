@@ -1,6 +1,6 @@
-"""Write the embedded arithmetic task's train/test JSONL (`zarya_jax.eval.tasks`).
+"""Write the embedded arithmetic task's train/test (and validation) JSONL (`zarya_jax.eval.tasks`).
 
-    python -m experiments.tasks --out data/ --train 20000 --test 200 --difficulty 1 --seed 0
+    python -m experiments.tasks --out data/ --train 20000 --test 200 [--val 100] --difficulty 1 --seed 0
 """
 from __future__ import annotations
 
@@ -13,18 +13,19 @@ from zarya_jax.eval import tasks
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.tasks", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True, help="directory for train.jsonl and test.jsonl")
+    p.add_argument("--out", required=True, help="directory for train.jsonl, test.jsonl (and val.jsonl)")
     p.add_argument("--train", type=int, default=20000, help="number of training problems")
     p.add_argument("--test", type=int, default=200, help="number of held-out problems")
+    p.add_argument("--val", type=int, default=0, help="number of validation problems (val.jsonl; 0 = none)")
     p.add_argument("--difficulty", type=int, default=1, choices=sorted(tasks.DIFFICULTY))
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     try:
-        paths = tasks.write_splits(args.out, args.train, args.test, args.seed, args.difficulty)
+        paths = tasks.write_splits(args.out, args.train, args.test, args.seed, args.difficulty, args.val)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print("\n".join(paths))
+    print("\n".join(paths.values()))
     return 0
 
 

@@ -46,11 +46,38 @@ def test_report_files_and_numbers(smoke_run):
     assert ar["tokens_per_forward"] == pytest.approx(1.0)  # one token per pass (prefill counts as one)
     md = open(os.path.join(workdir, "report.md")).read()
     assert "| AR |" in md and "mode B (slotted)" in md and "spec, self drafter" in md
-    # The held-out split is the generator's (seed + 1) and disjoint from training.
+    # The held-out split is the generator's (seed + 1); train, validation and test are disjoint.
+    test, val, train = (tasks.read_jsonl(os.path.join(workdir, "data", f"{k}.jsonl")) for k in ("test", "val", "train"))
+    assert test == tasks.generate(4, seed=1, difficulty=1) and len(val) == 4
+    prompts = [{r["prompt"] for r in split} for split in (train, val, test)]
+    assert not (prompts[0] & prompts[1] or prompts[0] & prompts[2] or prompts[1] & prompts[2])
+    # Tied to the code that produced it.
+    assert set(report["provenance"]) >= {"commit", "dirty", "packages"} and report["provenance"]["packages"]["jax"]
+    assert report["config"]["zarya"]["diffusion_loss_proportion"] == 0.3
+
+
+def test_knobs_chosen_on_validation_frontier(smoke_run):
+    """Every grid point was decoded on the validation split; each mode's test knobs are the point with the
+    most tokens per forward within the tolerance of AR's validation accuracy (recomputed here)."""
+    workdir, report, preds = smoke_run
+    front, tol = report["frontier"], report["config"]["frontier"]["tolerance"]
+    points = front["points"]
+    assert front["validation_examples"] == 4
+    assert sum(p["mode"] == "slotted" for p in points) == 4   # 1 S × 1 NB × 1 τs × 2 τt × 2 rules
+    assert sum(p["mode"] == "mdm" for p in points) == 2 and sum(p["mode"] == "spec-self" for p in points) == 1
+    ar_val = next(p["accuracy"] for p in points if p["mode"] == "ar")
+    for row in report["modes"]:
+        cands = [p for p in points if p["mode"] == row["mode"]]
+        ok = [p for p in cands if p["accuracy"] >= ar_val - tol - 1e-9] or cands
+        best = max(p["tokens_per_forward"] for p in ok)
+        assert row["knobs"] in [p["knobs"] for p in ok if p["tokens_per_forward"] == best]
+        assert row["generation_config"] | row["knobs"] == row["generation_config"]  # decoded with them
+    diag = report["diagnostics"]
+    assert set(diag["first_errors"]) == {"ar", "mdm", "slotted", "spec-self"}
     test = tasks.read_jsonl(os.path.join(workdir, "data", "test.jsonl"))
-    train = tasks.read_jsonl(os.path.join(workdir, "data", "train.jsonl"))
-    assert test == tasks.generate(4, seed=1, difficulty=1)
-    assert not {r["prompt"] for r in test} & {r["prompt"] for r in train}
+    assert diag["heads"]["4"]["overall"]["n"] == sum(len(r["answer"].encode()) + 1 for r in test)  # + EOS
+    md = open(os.path.join(workdir, "report.md")).read()
+    assert "## Diagnostics" in md and "## Frontier" in md and "tokens / s (batch 1)" in md
 
 
 def test_ar_matches_uncached_greedy_and_spec_is_lossless(smoke_run):
@@ -94,6 +121,17 @@ def test_existing_checkpoint_skips_training(smoke_run, tmp_path):
     assert again["train"] is None
     assert [p["output"] for p in map(json.loads, open(os.path.join(out, "eval", "predictions.jsonl")))] == \
         [p["output"] for p in preds if p["mode"] == "ar"]
+
+
+def test_ar_only_baseline(tmp_path):
+    """--objective ar trains the plain next-token baseline through the same pipeline."""
+    out = str(tmp_path / "ar")
+    assert quickstart.main(["--smoke", "--objective", "ar", "--workdir", out, "--modes", "ar", "--no-progress",
+                            "--set", "frontier.enabled=false", "--set", "eval.batch1_examples=0"]) == 0
+    report = json.load(open(os.path.join(out, "report.json")))
+    assert report["config"]["train"]["objective"] == "ar" and report["frontier"] is None
+    rows = [json.loads(l) for l in open(os.path.join(out, "train", "metrics.jsonl"))]
+    assert all("loss_dif" not in r for r in rows) and all("acc_seq" in r for r in rows if "loss" in r)
 
 
 def test_bad_flags_leave_no_output(tmp_path, capsys):

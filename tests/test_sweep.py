@@ -58,9 +58,10 @@ def test_shipped_sweep_parses(tmp_path, capsys):
     path = os.path.join(os.path.dirname(sweep.__file__), "sweeps", "paper_ablations.yaml")
     assert sweep.main([path, "--dry-run"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["slotted-curriculum", "slotted-fixed8", "nonslotted"]
+    assert [line.split(":")[0] for line in lines] == ["zarya-curriculum", "ar-only", "slotted-fixed8", "nonslotted"]
     for line in lines:
-        assert "'eval.modes': ('ar', 'mdm', 'slotted')" in line
+        assert "'eval.modes': ('ar', 'mdm', 'slotted', 'spec-self')" in line
+    assert "'train.objective': 'ar'" in lines[1]
     # the commands its comments document are valid too
     documented = [line.split("python -m experiments.sweep ", 1)[1].split("#")[0].split()
                   for line in open(path) if "python -m experiments.sweep" in line]
@@ -81,6 +82,7 @@ def test_sweep_resumes_after_a_failed_run(tmp_path, tiny_config, tiny_params, ca
     tasks.write_splits(str(data), 8, 3, seed=0)
     late_test = tmp_path / "late" / "test.jsonl"
     common = {"eval.ckpt": ckpt, "eval.modes": ["ar"], "eval.max_new_tokens": 6, "eval.batch_size": 3,
+              "frontier.enabled": False,
               "task.train_file": str(data / "train.jsonl")}
     spec = {"name": "t", "base": common,
             "runs": [{"name": "first", "task.test_file": str(data / "test.jsonl")},

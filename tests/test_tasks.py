@@ -48,13 +48,16 @@ def test_deterministic_and_seed_dependent():
 
 
 def test_splits_disjoint_and_written_as_jsonl(tmp_path):
-    train_path, test_path = tasks.write_splits(str(tmp_path), 400, 50, seed=0, difficulty=1)
-    train = [json.loads(l) for l in open(train_path)]
-    test = [json.loads(l) for l in open(test_path)]
-    assert len(train) == 400 and len(test) == 50
-    assert all(set(r) == {"prompt", "answer"} for r in train + test)
-    assert not {r["prompt"] for r in train} & {r["prompt"] for r in test}
+    paths = tasks.write_splits(str(tmp_path), 400, 50, seed=0, difficulty=1, num_val=30)
+    train_path, test_path = paths["train"], paths["test"]
+    train, val, test = ([json.loads(l) for l in open(paths[k])] for k in ("train", "val", "test"))
+    assert len(train) == 400 and len(val) == 30 and len(test) == 50
+    assert all(set(r) == {"prompt", "answer"} for r in train + val + test)
+    prompts = [{r["prompt"] for r in split} for split in (train, val, test)]
+    assert not prompts[0] & prompts[1] and not prompts[0] & prompts[2] and not prompts[1] & prompts[2]
     assert tasks.read_jsonl(test_path) == test
+    # the test split does not depend on the other splits' sizes
+    assert tasks.make_splits(10, 50, seed=0)["test"] == test
     # Re-generating gives byte-identical files.
     again = tmp_path / "again"
     tasks.write_splits(str(again), 400, 50, seed=0, difficulty=1)

@@ -86,8 +86,8 @@ class ZaryaConfig:
     alpha0: float = 0.25
     eps: float = 1e-3
     diffusion_loss_proportion: float = 0.5
-    sequential_shuffle: bool = False
-    diffusion_shuffle: bool = False
+    sequential_shuffle: bool = True
+    diffusion_shuffle: bool = True
     ordered_sampling: bool = False
     grouped_noise: bool = False
     max_span_length: int = 8

@@ -24,6 +24,7 @@ from ..data.tokenizer import load_tokenizer
 from ..files import atomic_write, atomic_write_json, atomic_write_jsonl
 from ..nn.checkpoint import tokenizer_dir
 from ..sampling import GenerationConfig, generate
+from ..sampling.prompts import bucket_length
 from . import answers
 
 MODES = ("ar", "mdm", "slotted", "spec-self", "spec-lora")
@@ -54,7 +55,8 @@ class ModeKnobs:
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
     """An evaluation: modes, decoding budget and batch, records (`limit`: first N, 0 = all), answer
-    extraction, seed, per-mode knobs, and `ckpt` (a checkpoint to evaluate instead of training one)."""
+    extraction, seed, per-mode knobs, `ckpt` (a checkpoint to evaluate instead of training one) and
+    `batch1_examples` (also time the first N records at batch 1; 0 = off)."""
 
     modes: tuple[str, ...] = ("ar", "mdm", "slotted", "spec-self")
     max_new_tokens: int = 64
@@ -65,9 +67,12 @@ class EvalConfig:
     seed: int = 0
     ckpt: str = ""
     knobs: ModeKnobs = ModeKnobs()
+    batch1_examples: int = 0
 
     def __post_init__(self):
         parse_modes(",".join(self.modes))
+        if self.batch1_examples < 0:
+            raise ConfigError(f"eval.batch1_examples={self.batch1_examples}: expected ≥ 0")
         if self.answer not in answers.METHODS:
             raise ConfigError(f"eval.answer={self.answer!r}: expected one of {answers.METHODS}")
 
@@ -134,10 +139,13 @@ def _stat(out, name, rows):
 
 
 def evaluate_mode(params, config, tokenizer, prompts: list[list[int]], gen_config, key, batch_size: int,
-                  lora_params=None, lora=None, progress=None) -> dict:
-    """Generates for all prompts in batches of `batch_size`; returns texts, lengths, passes and timings.
+                  lora_params=None, lora=None, progress=None, warmup: bool = True) -> dict:
+    """Generates for all prompts in batches of `batch_size`; returns texts, token ids, lengths, passes
+    and timings.
 
-    The first batch is run once untimed (compilation); the timed pass covers every batch.
+    With `warmup` one batch per prompt bucket is run once untimed (compilation); the timed pass covers
+    every batch.
+    Pass warmup=False when the program is already compiled (same compile key, e.g. a threshold sweep).
     """
     def call(batch, k):
         kwargs = {} if lora_params is None else {"lora_params": lora_params, "lora": lora}
@@ -149,9 +157,15 @@ def evaluate_mode(params, config, tokenizer, prompts: list[list[int]], gen_confi
     # Keys are made before the clock starts: the first fold_in compiles, which is not decoding time.
     keys = [jax.random.fold_in(key, i) for i in starts]
     t0 = time.perf_counter()
-    call(_pad_batch(prompts[:batch_size], batch_size), keys[0])
+    if warmup:  # one untimed call per prompt bucket the batches fall into (one compiled program each)
+        widths = {}
+        for i in starts:
+            chunk = prompts[i:i + batch_size]
+            widths.setdefault(bucket_length(max(len(p) for p in chunk), gen_config.prompt_bucket), chunk)
+        for chunk in widths.values():
+            call(_pad_batch(chunk, batch_size), keys[0])
     compile_s = time.perf_counter() - t0
-    texts, lengths, passes = [], [], []
+    texts, ids, lengths, passes = [], [], [], []
     t0 = time.perf_counter()
     for i, k in zip(starts, keys):
         chunk = prompts[i:i + batch_size]
@@ -160,7 +174,8 @@ def evaluate_mode(params, config, tokenizer, prompts: list[list[int]], gen_confi
         n = len(chunk)
         lens = np.asarray(out.lengths)[:n]
         for row in range(n):
-            texts.append(tokenizer.decode(tokens[row, : int(lens[row])]))
+            ids.append(tokens[row, : int(lens[row])].tolist())
+            texts.append(tokenizer.decode(ids[-1]))
         lengths += [int(x) for x in lens]
         fp = _stat(out, "num_forward_passes", n)
         passes += [int(x) for x in fp] if fp is not None else [0] * n
@@ -171,15 +186,21 @@ def evaluate_mode(params, config, tokenizer, prompts: list[list[int]], gen_confi
     # A batched pass advances every row, so a batch's passes count once: tokens per forward is the
     # number of generated tokens per row divided by that row's passes, averaged over rows.
     tpf = [l / p for l, p in zip(lengths, passes) if p > 0]
-    return {"texts": texts, "lengths": lengths, "forward_passes": passes, "wall_s": wall, "compile_s": compile_s,
+    return {"texts": texts, "ids": ids, "lengths": lengths, "forward_passes": passes, "wall_s": wall,
+            "compile_s": compile_s,
             "tokens": total_tokens, "tokens_per_s": total_tokens / wall if wall > 0 else float("nan"),
             "tokens_per_forward": float(np.mean(tpf)) if tpf else float("nan")}
 
 
 def evaluate(params, config, tokenizer, records: list[dict], modes: list[str], *, max_new_tokens: int = 64,
              batch_size: int = 1, knobs: dict | None = None, method: str = "final", pattern: str | None = None,
-             lora_params=None, lora=None, seed: int = 0, progress: bool = True) -> tuple[list[dict], list[dict]]:
-    """Runs every mode on every record. Returns (summary rows, per-example prediction rows)."""
+             lora_params=None, lora=None, seed: int = 0, progress: bool = True,
+             warmup: bool = True, batch1_examples: int = 0) -> tuple[list[dict], list[dict]]:
+    """Runs every mode on every record. Returns (summary rows, per-example prediction rows).
+    warmup=False skips the untimed compile run (for programs already compiled). batch1_examples > 0
+    also decodes the first N records one at a time and reports `tokens_per_s_batch1` (and the speed-up
+    over AR at batch 1): on an accelerator decoding is memory-bound and a pass costs about the same
+    whatever its rows, on a CPU it costs in proportion to them, so both batch sizes are worth reading."""
     if "spec-lora" in modes and lora_params is None:
         raise ValueError("mode 'spec-lora' needs a LoRA drafter adapter (--lora DIR)")
     if batch_size < 1:
@@ -197,7 +218,7 @@ def evaluate(params, config, tokenizer, records: list[dict], modes: list[str], *
         bar = _progress_bar(mode, len(prompts)) if progress else None
         res = evaluate_mode(params, config, tokenizer, prompts, gen, key, batch_size,
                             lora_params if mode == "spec-lora" else None, lora,
-                            progress=(lambda done, total: bar(done)) if bar else None)
+                            progress=(lambda done, total: bar(done)) if bar else None, warmup=warmup)
         if bar:
             bar(None)
         correct = 0
@@ -206,16 +227,25 @@ def evaluate(params, config, tokenizer, records: list[dict], modes: list[str], *
             ok = pred is not None and pred == golds[i]
             correct += ok
             predictions.append({"index": i, "mode": mode, "prompt": pairs[i][0], "reference": pairs[i][1],
-                                "output": text, "prediction": pred, "gold": golds[i], "correct": bool(ok),
+                                "output": text, "output_ids": res["ids"][i], "prediction": pred, "gold": golds[i],
+                                "correct": bool(ok),
                                 "num_tokens": res["lengths"][i], "forward_passes": res["forward_passes"][i]})
-        summary.append({"mode": mode, "label": MODE_LABELS[mode], "examples": len(prompts),
-                        "accuracy": correct / len(prompts), "tokens_per_forward": res["tokens_per_forward"],
-                        "tokens_per_s": res["tokens_per_s"], "generated_tokens": res["tokens"],
-                        "wall_s": res["wall_s"], "compile_s": res["compile_s"], "batch_size": batch_size,
-                        "generation_config": dataclasses.asdict(gen)})
+        row = {"mode": mode, "label": MODE_LABELS[mode], "examples": len(prompts),
+               "accuracy": correct / len(prompts), "tokens_per_forward": res["tokens_per_forward"],
+               "tokens_per_s": res["tokens_per_s"], "generated_tokens": res["tokens"],
+               "wall_s": res["wall_s"], "compile_s": res["compile_s"], "batch_size": batch_size,
+               "generation_config": dataclasses.asdict(gen)}
+        if batch1_examples:
+            one = evaluate_mode(params, config, tokenizer, prompts[:batch1_examples], gen, key, 1,
+                                lora_params if mode == "spec-lora" else None, lora)
+            row.update(tokens_per_s_batch1=one["tokens_per_s"], batch1_examples=len(one["lengths"]))
+        summary.append(row)
     ar = next((r for r in summary if r["mode"] == "ar"), None)
     for r in summary:
-        r["speedup_vs_ar"] = r["tokens_per_s"] / ar["tokens_per_s"] if ar and ar["tokens_per_s"] > 0 else None
+        for suffix in ("", "_batch1"):
+            base = ar.get(f"tokens_per_s{suffix}") if ar else None
+            if f"tokens_per_s{suffix}" in r:
+                r[f"speedup_vs_ar{suffix}"] = r[f"tokens_per_s{suffix}"] / base if base else None
     return summary, predictions
 
 
@@ -233,11 +263,28 @@ def _progress_bar(mode: str, total: int):
 
 
 def summary_markdown(summary: list[dict]) -> str:
-    lines = ["| mode | exact match | tokens / forward | tokens / s | speed-up vs AR |", "|---|---|---|---|---|"]
+    """One row per mode: accuracy, tokens per forward, tokens/s and speed-up at the evaluation batch
+    (and at batch 1 when measured), and the knobs when a row carries a `point` description."""
+    b1 = any("tokens_per_s_batch1" in r for r in summary)
+    knobs = any(r.get("point") for r in summary)
+    batch = summary[0]["batch_size"] if summary else "B"
+    head = ["mode"] + (["knobs"] if knobs else []) + ["exact match", "tokens / forward",
+                                                       f"tokens / s (batch {batch})", "speed-up vs AR"]
+    head += ["tokens / s (batch 1)", "speed-up vs AR (batch 1)"] if b1 else []
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def speed(r, suffix):
+        v = r.get(f"speedup_vs_ar{suffix}")
+        return f"{v:.2f}×" if v is not None else "–"
+
     for r in summary:
-        sp = f"{r['speedup_vs_ar']:.2f}×" if r.get("speedup_vs_ar") is not None else "–"
-        lines.append(f"| {r['label']} | {100 * r['accuracy']:.1f}% | {r['tokens_per_forward']:.2f} | "
-                     f"{r['tokens_per_s']:.1f} | {sp} |")
+        cells = [r["label"]] + ([r.get("point") or "–"] if knobs else [])
+        cells += [f"{100 * r['accuracy']:.1f}%", f"{r['tokens_per_forward']:.2f}", f"{r['tokens_per_s']:.1f}",
+                  speed(r, "")]
+        if b1:
+            t1 = r.get("tokens_per_s_batch1")
+            cells += [f"{t1:.1f}" if t1 is not None else "–", speed(r, "_batch1")]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -6,8 +6,9 @@ Each record is `{"prompt": str, "answer": str}` — the same JSONL format as any
     answer: "7+5=12\\n12-3=9\\n#### 9"
 
 Generation is deterministic from a seed (Python's `random.Random`, stable across platforms). The
-held-out split is generated first and its problems are excluded from the training split, so the
-test set is disjoint from training. The command line is `python -m experiments.tasks`.
+held-out splits are generated first — test from `seed + 1`, then validation (for choosing decoding
+knobs) from `seed + 2` without the test problems — and their problems are excluded from the training
+split, so the three splits are disjoint. The command line is `python -m experiments.tasks`.
 """
 from __future__ import annotations
 
@@ -120,11 +121,16 @@ def generate(num: int, seed: int = 0, difficulty: int | TaskConfig = 1, exclude:
     return out
 
 
-def make_splits(num_train: int, num_test: int, seed: int = 0, difficulty: int | TaskConfig = 1):
-    """(train, test): test drawn first from `seed + 1`, train from `seed` excluding the test prompts."""
+def make_splits(num_train: int, num_test: int, seed: int = 0, difficulty: int | TaskConfig = 1,
+                num_val: int = 0) -> dict[str, list[dict]]:
+    """{'train', 'val', 'test'}: test drawn first from `seed + 1`, validation from `seed + 2` without the
+    test prompts, train from `seed` without either (disjoint splits; the test split does not depend on
+    `num_val` or `num_train`)."""
     test = generate(num_test, seed + 1, difficulty)
-    train = generate(num_train, seed, difficulty, exclude={r["prompt"] for r in test})
-    return train, test
+    held = {r["prompt"] for r in test}
+    val = generate(num_val, seed + 2, difficulty, exclude=held)
+    held |= {r["prompt"] for r in val}
+    return {"train": generate(num_train, seed, difficulty, exclude=held), "val": val, "test": test}
 
 
 def write_jsonl(path: str, records: list[dict]) -> None:
@@ -155,9 +161,11 @@ def read_jsonl(path: str) -> list[dict]:
 
 
 def write_splits(out_dir: str, num_train: int, num_test: int, seed: int = 0,
-                 difficulty: int | TaskConfig = 1) -> tuple[str, str]:
-    train, test = make_splits(num_train, num_test, seed, difficulty)
-    train_path, test_path = os.path.join(out_dir, "train.jsonl"), os.path.join(out_dir, "test.jsonl")
-    write_jsonl(train_path, train)
-    write_jsonl(test_path, test)
-    return train_path, test_path
+                 difficulty: int | TaskConfig = 1, num_val: int = 0) -> dict[str, str]:
+    """Writes `train.jsonl`, `test.jsonl` and (num_val > 0) `val.jsonl`; returns {split: path}."""
+    paths = {}
+    for split, records in make_splits(num_train, num_test, seed, difficulty, num_val).items():
+        if split != "val" or num_val:
+            paths[split] = os.path.join(out_dir, f"{split}.jsonl")
+            write_jsonl(paths[split], records)
+    return paths

@@ -26,6 +26,9 @@ class GenerationConfig:
     slot_size, serial_num_blocks, slot_threshold, token_threshold: mode B. `slot_threshold` in [0, 1];
       any value > 1 is accepted and means "one slot per plan" (no first-token probability exceeds it,
       so the single most confident slot is always chosen, as in ReFusion's code).
+    ar_infill, ar_first_token: mode B's AR corrections (beyond the paper; off = ReFusion's rule): the token
+      forced after an accepted prefix is the AR row's own choice, and a slot that directly follows
+      committed text starts with the AR choice for that position (see `sampling.slotted`).
     draft_length, drafter: mode "spec" (F and "lora" | "self").
     eos_token_id: None → the model config's; stop_at_eos: a row stops after its first EOS.
     prompt_bucket: padded prompt length is rounded up to a multiple of it (bounds the compiles).
@@ -44,6 +47,8 @@ class GenerationConfig:
     serial_num_blocks: int = 2
     slot_threshold: float = 0.9
     token_threshold: float = 0.9
+    ar_infill: bool = False
+    ar_first_token: bool = False
     draft_length: int = 8
     drafter: str = "lora"
     eos_token_id: int | None = None

@@ -4,7 +4,8 @@ Every mode is a `decoder.Decoder` (`DECODERS`); `generate` does what they share.
 `jax.jit` with the model config, the generation config, the adapter config and `debug` static, so a
 program is compiled once per (batch size, prompt bucket, model config, generation config) and a call
 with new prompts of the same bucket reuses it. Mode B's thresholds (`slot_threshold`,
-`token_threshold`) are passed as traced scalars instead, so sweeping them reuses one program.
+`token_threshold`) and AR corrections (`ar_infill`, `ar_first_token`) are passed as traced scalars
+instead, so sweeping them reuses one program.
 `TRACE_COUNTS[mode]` counts traces (for tests).
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .decoder import Decoder
 from .prompts import pad_prompts
 
 TRACE_COUNTS: collections.Counter = collections.Counter()
-DYNAMIC_FIELDS = ("slot_threshold", "token_threshold")
+DYNAMIC_FIELDS = ("slot_threshold", "token_threshold", "ar_infill", "ar_first_token")
 DECODERS: dict[str, Decoder] = {"ar": ar.DECODER, "ar_uncached": ar.UNCACHED, "mdm": mdm.DECODER,
                                 "slotted": slotted.DECODER, "spec": spec.DECODER}
 
@@ -38,6 +39,11 @@ def _make_jitted(name: str):
 
 
 _JITTED = {name: _make_jitted(name) for name in DECODERS}
+
+
+def static_key(gc: GenerationConfig) -> GenerationConfig:
+    """The part of a generation config that selects a compiled program: the runtime fields reset."""
+    return gc.replace(**{f: type(getattr(gc, f))() for f in DYNAMIC_FIELDS})
 
 
 def generate(params, config, prompts, generation_config: GenerationConfig, key, *, lora_params=None, lora=None,
@@ -63,8 +69,9 @@ def generate(params, config, prompts, generation_config: GenerationConfig, key, 
     adapter = decoder.uses_adapter and mode == "spec" and gc.drafter == "lora"
     _, pad = ar.special_ids(config, gc)
     tokens, lengths = pad_prompts(prompts, gc.prompt_bucket, pad)
-    dyn = {f: jnp.float32(getattr(gc, f)) for f in DYNAMIC_FIELDS}
-    static_gc = gc.replace(**{f: 0.0 for f in DYNAMIC_FIELDS})  # traced instead: no recompile per value
+    dyn = {f: jnp.asarray(getattr(gc, f), bool if isinstance(getattr(gc, f), bool) else jnp.float32)
+           for f in DYNAMIC_FIELDS}
+    static_gc = static_key(gc)  # the runtime fields are traced instead: no recompile per value
     raw = _JITTED[name](params, lora_params if adapter else None, jnp.asarray(tokens), jnp.asarray(lengths), key,
                         dyn, config=config, gcfg=static_gc, lora=lora if adapter else None, debug=debug)
     raw = jax.device_get(raw)

@@ -23,6 +23,20 @@ Commits append the slots physically after the committed tokens (logical position
 clean token precedes every remaining mask and no K/V is recomputed.
 EOS: an accepted EOS cuts its slot after it, drops every slot logically after it; the row stops after
 the current block. Not lossless (threshold verification). Forward passes are counted per row.
+
+Two corrections beyond the paper (`GenerationConfig.ar_infill`, `ar_first_token`; both off by default, which
+is ReFusion's rule) hand the tokens that ReFusion takes from the MDM path unchecked to the AR rows instead:
+- `ar_infill`: where a slot's verification fails at token m (in VERIFY or INFILL_VERIFY), token m becomes the
+  AR verify row's own choice (argmax, or a draw under sampling, from row m−1 of that pass) instead of the
+  MDM redraft that ReFusion forces through. A token corrected in a pass has no K/V of its own yet, so a slot
+  commits only from a pass that ran its final tokens: when every chosen token is settled, the next
+  INFILL_DRAFT pass (no masks left in it) commits them.
+- `ar_first_token`: a chosen slot that directly follows committed text (its first position is right after
+  the prompt or a committed token) gets as first token the AR choice that the row of that preceding token
+  made when it was committed (`ar_next`), instead of the unchecked MDM draft.
+With both on and one slot per block (NB·S = G, so every slot directly follows committed text), every
+committed token is either AR's own choice or passed τt ≥ 0.5 (so it is AR's argmax): greedy mode B then
+equals AR token for token, and the MDM path only decides how many tokens a pass yields.
 """
 from __future__ import annotations
 
@@ -70,7 +84,8 @@ def _append(buf: Array, length: Array, values: Array, keep: Array) -> Array:
 def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: GenerationConfig,
         debug: bool = False, dyn: dict | None = None) -> dict:
     """Mode B decode. tokens int32 [B, P] right-padded, lengths [B]. `dyn` may hold the thresholds as
-    traced scalars ({'slot_threshold', 'token_threshold'}); otherwise gcfg's values are used. Returns tokens [B, G] (logical),
+    traced scalars ({'slot_threshold', 'token_threshold', 'ar_infill', 'ar_first_token'}); otherwise gcfg's
+    values are used. Returns tokens [B, G] (logical),
     lengths, num_forward_passes [B] (prefill included), loop_passes, physical_tokens/positions
     [B, P + G] (the cache's rows in physical order, −1 after), plans [B]; with debug a per-pass trace."""
     b, p = tokens.shape
@@ -88,8 +103,10 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
     dyn = dyn or {}
     tau_s = dyn.get("slot_threshold", gcfg.slot_threshold)
     tau_t = dyn.get("token_threshold", gcfg.token_threshold)
+    use_infill = jnp.asarray(dyn.get("ar_infill", gcfg.ar_infill), bool)
+    use_first = jnp.asarray(dyn.get("ar_first_token", gcfg.ar_first_token), bool)
 
-    _, cache = ar.prefill(params, config, tokens, lengths, lc)
+    last_logits, cache = ar.prefill(params, config, tokens, lengths, lc)
     prompt_valid = jnp.arange(p)[None, :] < lengths[:, None]
     zeros_lc = jnp.full((b, lc), -1, jnp.int32)
     phys_tok = _append(zeros_lc, jnp.zeros((b,), jnp.int32), tokens, prompt_valid)
@@ -109,6 +126,10 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
                  gen=jnp.full((b, g), pad, jnp.int32), filled=jnp.zeros((b, g), bool),
                  nfe=jnp.ones((b,), jnp.int32), plans=jnp.zeros((b,), jnp.int32),
                  presence=ar.initial_presence(tokens, lengths, config.vocab_size, gcfg))
+    # ar_next[b, i]: the AR choice for output index i made by the row of index i − 1 (the last prompt
+    # token for i = 0) when that row was committed; read by `ar_first_token`.
+    first_choice = draw(jax.random.fold_in(key, n_iter), last_logits, state["presence"])
+    state["ar_next"] = jnp.zeros((b, g + 1), jnp.int32).at[:, 0].set(first_choice)
     if debug:
         state["trace"] = dict(logits=jnp.zeros((n_iter, b, bs, config.vocab_size), jnp.float32),
                               tokens=jnp.zeros((n_iter, b, bs), jnp.int32),
@@ -147,11 +168,26 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
         best = jax.nn.one_hot(jnp.argmax(jnp.where(pend, conf, -1.0), axis=1), ns, dtype=bool) & pend
         pick = jnp.where(pick.any(1, keepdims=True), pick, best)
         plan_slots = jnp.where(pick, CHOSEN, slots)
+        plan_draft = jnp.where(pending_rows, plan_draft, draft)
+        first_out = st["blk"][:, None] * bs + slot_start                                     # [B, ns]
+        follows = (first_out == 0) | st["filled"][rows, jnp.maximum(first_out - 1, 0)]
+        fix = (pick & follows)[:, row_slot] & first_row & use_first
+        plan_draft = jnp.where(fix, st["ar_next"][rows, first_out][:, row_slot], plan_draft)
 
-        # ---- AR probability of each drafted token from the previous row of its slot
+        # ---- AR probability of each drafted token from the previous row of its slot; the AR rows' own
+        # choices: choice[:, j] is row j's pick for the next position, row_choice[:, j] the pick for row j
         ar_prob = jnp.concatenate([jnp.ones((b, 1)), primitives.token_prob(logits[:, :-1], draft[:, 1:], mask_id)],
                                   axis=1)
         ar_ok = ar_prob > tau_t
+        choice = draw(jax.random.fold_in(k_it, 1), logits, st["presence"])
+        row_choice = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), choice[:, :-1]], axis=1)
+
+        def correct(prefix, tokens, allowed=True):
+            """`ar_infill`: the first token after each chosen slot's accepted prefix (where `allowed`)
+            becomes row_choice. Returns (tags, tokens, corrected rows)."""
+            prev = jnp.concatenate([jnp.zeros((b, 1), bool), prefix[:, :-1]], axis=1) & ~first_row
+            boundary = chosen_rows & ~prefix & prev & allowed
+            return prefix | boundary, jnp.where(boundary, row_choice, tokens), boundary
 
         # ---- VERIFY: commit the passing leading chosen slots, else go to infill
         passed = chosen_rows & (first_row | ar_ok)
@@ -169,42 +205,65 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
         verify_slots = jnp.where(slot_start > v_eos_pos[:, None], DEAD, verify_slots)
         verify_slots = jnp.where(v_commits[:, None], verify_slots, slots)
         verify_tags = _slot_cumprod(passed, S)
+        # `ar_infill` corrects only the first failure of the window: every row before it is accepted, so
+        # its AR row saw exactly the text it will follow (later slots saw unaccepted drafts before them)
+        c_tags, c_draft, _ = correct(verify_tags & chosen_rows, draft, j == first_fail[:, None])
+        verify_tags = jnp.where(use_infill, c_tags, verify_tags)
+        verify_draft = jnp.where(use_infill, c_draft, draft)
 
         # ---- INFILL_DRAFT: greedy redraft of the not-yet-accepted tokens
         infill_draft = jnp.where(chosen_rows & ~tags, greedy(k_it, logits, st["presence"]), draft)
 
-        # ---- INFILL_VERIFY: extend each slot's accepted prefix (the next token always passes)
+        # ---- INFILL_VERIFY: extend each slot's accepted prefix (the next token always passes, or with
+        # `ar_infill` becomes the AR row's choice)
+        a_tags, a_draft, a_fixed = correct(_slot_cumprod(chosen_rows & (tags | ar_ok), S) & chosen_rows, draft)
         prev_tag = jnp.concatenate([jnp.ones((b, 1), bool), tags[:, :-1]], axis=1) | first_row
-        new_tags = _slot_cumprod(chosen_rows & (tags | prev_tag | ar_ok), S) & chosen_rows
-        i_slots = slots
-        i_eos_pos = jnp.full((b,), bs)
-        if stop:
-            i_eos = new_tags & (draft == eos)
-            i_eos_pos = jnp.where(i_eos.any(1), jnp.argmax(i_eos, axis=1), bs)
-            eos_slot = i_eos_pos // S
-            after = slot_start > i_eos_pos[:, None]
-            i_slots = jnp.where(after & ((slots == CHOSEN) | (slots == PENDING)), DEAD, slots)
-            new_tags = new_tags | (chosen_rows & (row_slot[None, :] == eos_slot[:, None]))
-            new_tags = new_tags & (i_slots[:, row_slot] == CHOSEN)
-        i_chosen_rows = i_slots[:, row_slot] == CHOSEN
-        complete = jnp.all(new_tags | ~i_chosen_rows, axis=1)
-        commit_i = i_chosen_rows & (j <= i_eos_pos[:, None]) & complete[:, None]
-        i_slots = jnp.where(complete[:, None] & (i_slots == CHOSEN), COMMITTED, i_slots)
+        r_tags = _slot_cumprod(chosen_rows & (tags | prev_tag | ar_ok), S) & chosen_rows
+        iv_tags = jnp.where(use_infill, a_tags, r_tags)
+        iv_draft = jnp.where(use_infill, a_draft, draft)
+        corrected = a_fixed & use_infill
+
+        def settle(new_tags, tokens, corrected):
+            """Chosen slots whose tokens are all accepted (an accepted EOS completes its slot and kills the
+            slots after it) commit together, unless a token was corrected in this pass (its K/V is not
+            this pass's). Returns (slots, commit rows, complete [B], EOS offset [B], tags)."""
+            new_slots, eos_pos = slots, jnp.full((b,), bs)
+            if stop:
+                hit = new_tags & (tokens == eos)
+                eos_pos = jnp.where(hit.any(1), jnp.argmax(hit, axis=1), bs)
+                new_slots = jnp.where((slot_start > eos_pos[:, None]) & ((slots == CHOSEN) | (slots == PENDING)),
+                                      DEAD, slots)
+                new_tags = new_tags | (chosen_rows & (row_slot[None, :] == (eos_pos // S)[:, None]))
+                new_tags = new_tags & (new_slots[:, row_slot] == CHOSEN)
+            live = new_slots[:, row_slot] == CHOSEN
+            complete = jnp.all(new_tags | ~live, axis=1) & ~jnp.any(corrected & live & (j <= eos_pos[:, None]), axis=1)
+            commit_rows = live & (j <= eos_pos[:, None]) & complete[:, None]
+            new_slots = jnp.where(complete[:, None] & (new_slots == CHOSEN), COMMITTED, new_slots)
+            return new_slots, commit_rows, complete, eos_pos, new_tags
+
+        i_slots, commit_i, complete, i_eos_pos, new_tags = settle(iv_tags, iv_draft, corrected)
+        # INFILL_DRAFT with every chosen token already settled (only after an `ar_infill` correction): the
+        # pass ran exactly the final tokens, so it commits them
+        settled = jnp.all(tags | ~chosen_rows, axis=1)
+        d_slots, commit_d, d_complete, d_eos_pos, _ = settle(tags, draft, jnp.zeros_like(tags))
+        d_complete = d_complete & settled & use_infill
 
         # ---- select per phase
         is_plan, is_ver, is_dr, is_iv = (phase == PLAN), (phase == VERIFY), (phase == INFILL_DRAFT), \
             (phase == INFILL_VERIFY)
         sel = lambda a, bv, c, d, e: jnp.where(  # noqa: E731
             _b(is_plan, a), a, jnp.where(_b(is_ver, a), bv, jnp.where(_b(is_dr, a), c, jnp.where(_b(is_iv, a), d, e))))
-        new_slots = sel(plan_slots, verify_slots, slots, i_slots, slots)
-        new_draft = sel(jnp.where(pending_rows, plan_draft, draft), draft, infill_draft, draft, draft)
+        new_slots = sel(plan_slots, verify_slots, jnp.where(d_complete[:, None], d_slots, slots), i_slots, slots)
+        new_draft = sel(plan_draft, verify_draft, infill_draft, iv_draft, draft)
         new_tags_all = sel(tags, verify_tags, tags, new_tags, tags)
-        commit = jnp.where(is_ver[:, None], commit_v, False) | jnp.where(is_iv[:, None], commit_i, False)
-        committed_now = (is_ver & v_commits) | (is_iv & complete)
+        commit = (jnp.where(is_ver[:, None], commit_v, False) | jnp.where(is_iv[:, None], commit_i, False)
+                  | jnp.where((is_dr & d_complete)[:, None], commit_d, False))
+        committed_now = (is_ver & v_commits) | (is_iv & complete) | (is_dr & d_complete)
         next_phase = jnp.where(is_plan, VERIFY, jnp.where(is_ver, jnp.where(v_commits, PLAN, INFILL_DRAFT),
-                               jnp.where(is_dr, INFILL_VERIFY, jnp.where(is_iv, jnp.where(complete, PLAN,
-                                                                                          INFILL_DRAFT), DONE))))
-        eos_pos = jnp.where(is_ver, v_eos_pos, jnp.where(is_iv & complete, i_eos_pos, bs))
+                               jnp.where(is_dr, jnp.where(d_complete, PLAN, INFILL_VERIFY),
+                                         jnp.where(is_iv, jnp.where(complete, PLAN, INFILL_DRAFT), DONE))))
+        eos_pos = jnp.where(is_ver, v_eos_pos, jnp.where(is_iv & complete, i_eos_pos,
+                                                         jnp.where(is_dr & d_complete, d_eos_pos, bs)))
         eos_flag = st["eos_flag"] | (committed_now & (eos_pos < bs))
 
         # ---- commit: K/V of this pass, tokens into the logical output
@@ -216,6 +275,7 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
         gen = st["gen"].at[rows, out_idx].set(new_draft, mode="drop")
         filled = st["filled"].at[rows, out_idx].set(True, mode="drop")
         presence = ar.add_presence(st["presence"], new_draft, commit)
+        ar_next = st["ar_next"].at[rows, jnp.where(commit, out_idx + 1, g + 1)].set(choice, mode="drop")
 
         # ---- block end: next block, or stop (after EOS or the last block)
         block_over = (next_phase == PLAN) & ~jnp.any(new_slots == PENDING, axis=1)
@@ -228,7 +288,7 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
 
         new = dict(it=it + 1, cache=cache, phys_tok=phys_tok, phys_pos=phys_pos, phase=next_phase, blk=blk,
                    slots=new_slots, draft=new_draft, tags=new_tags_all, eos_flag=eos_flag, gen=gen, filled=filled,
-                   nfe=nfe, plans=st["plans"] + is_plan, presence=presence)
+                   nfe=nfe, plans=st["plans"] + is_plan, presence=presence, ar_next=ar_next)
         if debug:
             tr = st["trace"]
             new["trace"] = dict(logits=tr["logits"].at[it].set(logits), tokens=tr["tokens"].at[it].set(win_tok),

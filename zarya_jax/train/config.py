@@ -24,13 +24,16 @@ from .sharding import MeshConfig
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
 
+OBJECTIVES = ("zarya", "ar")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Loop, checkpointing and logging knobs (intervals in optimizer steps; 0 disables)."""
 
     steps: int = 1000
     seed: int = 0
-    objective: str = "zarya"
+    objective: str = "zarya"  # zarya (the hybrid loss, SPEC §2–§3) | ar (plain next-token baseline)
     log_every: int = 10
     eval_every: int = 200
     eval_batches: int = 4
@@ -52,6 +55,8 @@ class TrainConfig:
                 raise ConfigError(f"train.{name}={getattr(self, name)}: expected ≥ 0")
         if self.keep < 1:
             raise ConfigError(f"train.keep={self.keep}: expected ≥ 1 (the latest checkpoint is needed to resume)")
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"train.objective={self.objective!r}: expected one of {OBJECTIVES}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,6 +31,7 @@ from ..data.tokenizer import load_tokenizer
 from ..files import atomic_write_json
 from ..nn import checkpoint as ckpt_lib
 from ..nn import model as model_lib
+from ..objectives.ar import ar_objective
 from ..objectives.base import Objective
 from ..objectives.losses import mask_id_of
 from ..objectives.zarya import zarya_objective
@@ -155,11 +156,11 @@ def _prepare(run: rc.RunConfig, workdir: str, force: bool, objective: Objective 
     mesh = shd.make_mesh(run.mesh)
     local_batch = _validate_batch(run, mesh)
     if objective is None:
-        if run.train.objective != "zarya":
-            raise ConfigError(f"train.objective={run.train.objective!r}: this entry point trains 'zarya'; "
-                              f"pass an Objective to train() for others")
-        mask_id_of(model_cfg)  # the Zarya transforms need the mask token: fail now, not inside jit
-        objective = zarya_objective(model_cfg, run.zarya)
+        if run.train.objective == "ar":
+            objective = ar_objective(model_cfg)
+        else:
+            mask_id_of(model_cfg)  # the Zarya transforms need the mask token: fail now, not inside jit
+            objective = zarya_objective(model_cfg, run.zarya)
     return _Setup(run, model_cfg, tokenizer, splits, mesh, local_batch, objective, init_config)
 
 

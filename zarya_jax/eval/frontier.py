@@ -1,0 +1,157 @@
+"""The decoding frontier of one checkpoint: accuracy against tokens per forward pass (and tokens/s) for
+every decoding mode over a grid of its knobs, and the knobs of each mode chosen on a validation split.
+
+Training and decoding are decoupled (SPEC §4), so one checkpoint yields a whole frontier without any
+retraining: mode B over τs × τt × S × NB × the AR corrections (`sampling.slotted`), mode A over T × α0,
+speculative decoding over F, AR as the reference point. Mode B's thresholds and corrections are
+runtime values, so each (S, NB) compiles once (`sampling.generate`).
+
+Choosing (`choose`): per mode, among the validation points whose accuracy is within `tolerance` of AR's
+on the same split, the one with the most tokens per forward (ties: the more accurate); when none is,
+the most accurate point. Knobs are chosen on validation only; the caller then reports the chosen points
+on a disjoint test split.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+from ..sampling.generate import static_key
+from .evaluate import MODE_LABELS, evaluate, generation_config
+
+CORRECTIONS = {"refusion": (False, False), "infill": (True, False), "both": (True, True)}
+
+
+@dataclasses.dataclass(frozen=True)
+class FrontierConfig:
+    """The grid of the decoding-only sweep and the choice rule.
+
+    slotted_*: mode B's grid; `slotted_serial_num_blocks` 0 means one slot per block (NB = G // S).
+    slotted_corrections: "refusion" (ReFusion's rule), "infill" (`ar_infill`), "both" (plus `ar_first_token`).
+    mdm_steps × mdm_alpha0: mode A's grid (T = 0 ignores α0). draft_lengths: F of spec-self / spec-lora.
+    tolerance: accuracy below AR's (validation, absolute) that a chosen point may give up.
+    enabled: false skips the sweep (the pipeline then decodes with `eval.knobs`).
+    """
+
+    slotted_slot_size: tuple[int, ...] = (4, 8)
+    slotted_serial_num_blocks: tuple[int, ...] = (0, 1, 2)
+    slotted_slot_threshold: tuple[float, ...] = (0.5, 0.9)
+    slotted_token_threshold: tuple[float, ...] = (0.3, 0.5, 0.7, 0.9)
+    slotted_corrections: tuple[str, ...] = ("refusion", "infill", "both")
+    mdm_steps: tuple[int, ...] = (0, 8, 16)
+    mdm_alpha0: tuple[float, ...] = (0.25, 0.5, 1.0)
+    draft_lengths: tuple[int, ...] = (2, 4, 8, 16)
+    tolerance: float = 0.02
+    enabled: bool = True
+
+    def __post_init__(self):
+        bad = set(self.slotted_corrections) - set(CORRECTIONS)
+        if bad:
+            raise ValueError(f"frontier.slotted_corrections: unknown {sorted(bad)}; expected {sorted(CORRECTIONS)}")
+        for name in ("slotted_slot_size", "draft_lengths"):
+            if any(v < 1 for v in getattr(self, name)):
+                raise ValueError(f"frontier.{name}={getattr(self, name)}: expected values ≥ 1")
+        if any(v < 0 for v in self.slotted_serial_num_blocks + self.mdm_steps):
+            raise ValueError("frontier.slotted_serial_num_blocks / mdm_steps: expected values ≥ 0")
+        if not 0.0 <= self.tolerance <= 1.0:
+            raise ValueError(f"frontier.tolerance={self.tolerance}: expected a value in [0, 1]")
+
+
+def grid_points(fc: FrontierConfig, modes, max_new_tokens: int) -> list[tuple[str, dict]]:
+    """(mode, knobs) for every point of the grid, for the given evaluation modes (AR: one point)."""
+    points = []
+    for mode in modes:
+        if mode == "ar":
+            points.append(("ar", {}))
+        elif mode == "slotted":
+            seen = set()
+            for s, nb, ts, tt, corr in itertools.product(
+                    fc.slotted_slot_size, fc.slotted_serial_num_blocks, fc.slotted_slot_threshold,
+                    fc.slotted_token_threshold, fc.slotted_corrections):
+                if s > max_new_tokens:
+                    continue
+                nb = nb or max_new_tokens // s
+                infill, first = CORRECTIONS[corr]
+                knobs = {"slot_size": s, "serial_num_blocks": nb, "slot_threshold": ts, "token_threshold": tt,
+                         "ar_infill": infill, "ar_first_token": first}
+                key = tuple(sorted(knobs.items()))
+                if key not in seen:
+                    seen.add(key)
+                    points.append(("slotted", knobs))
+        elif mode == "mdm":
+            for t in fc.mdm_steps:
+                for a in (fc.mdm_alpha0[:1] if t == 0 else fc.mdm_alpha0):
+                    points.append(("mdm", {"steps": t, "alpha0": a}))
+        elif mode in ("spec-self", "spec-lora"):
+            points += [(mode, {"draft_length": f}) for f in fc.draft_lengths]
+    return points
+
+
+def describe(mode: str, knobs: dict) -> str:
+    """A short label of a point's knobs, e.g. 'S=8 NB=4 τs=0.9 τt=0.5 AR-corrected'."""
+    if mode == "slotted":
+        corr = {v: k for k, v in CORRECTIONS.items()}.get((knobs.get("ar_infill", False),
+                                                             knobs.get("ar_first_token", False)), "custom")
+        corr = {"refusion": "ReFusion rule", "infill": "AR infill", "both": "AR infill + first token"}.get(corr, corr)
+        return (f"S={knobs['slot_size']} NB={knobs['serial_num_blocks']} τs={knobs['slot_threshold']:g} "
+                f"τt={knobs['token_threshold']:g} {corr}")
+    if mode == "mdm":
+        return f"T={knobs['steps']} α0={knobs['alpha0']:g}" if knobs["steps"] else "T=0"
+    if mode.startswith("spec"):
+        return f"F={knobs['draft_length']}"
+    return ""
+
+
+def choose(rows: list[dict], tolerance: float) -> dict[str, dict]:
+    """Per mode, the chosen frontier row (see the module docstring). rows: {'mode', 'accuracy',
+    'tokens_per_forward', ...}; AR's row sets the reference accuracy."""
+    ar = next((r for r in rows if r["mode"] == "ar"), None)
+    chosen = {}
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        cands = [r for r in rows if r["mode"] == mode]
+        ok = [r for r in cands if ar is None or r["accuracy"] >= ar["accuracy"] - tolerance - 1e-9]
+        if ok:
+            best = max(ok, key=lambda r: (r["tokens_per_forward"], r["accuracy"]))
+        else:
+            best = max(cands, key=lambda r: (r["accuracy"], r["tokens_per_forward"]))
+        chosen[mode] = {**best, "within_tolerance": bool(ok)}
+    return chosen
+
+
+def pareto(rows: list[dict]) -> list[dict]:
+    """The rows no other row of the same mode beats on both accuracy and tokens per forward (of rows
+    with equal numbers, the first)."""
+    out, seen = [], set()
+    for r in rows:
+        key = (r["mode"], r["accuracy"], r["tokens_per_forward"])
+        beaten = any(o["mode"] == r["mode"] and o["accuracy"] >= r["accuracy"]
+                     and o["tokens_per_forward"] >= r["tokens_per_forward"]
+                     and (o["accuracy"], o["tokens_per_forward"]) != (r["accuracy"], r["tokens_per_forward"])
+                     for o in rows)
+        if not beaten and key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
+
+
+def sweep(params, config, tokenizer, records, points, *, max_new_tokens: int, batch_size: int,
+          method: str = "final", pattern: str | None = None, seed: int = 0, lora_params=None, lora=None,
+          progress=None) -> list[dict]:
+    """Evaluates every (mode, knobs) point on `records`; one row per point with its accuracy, tokens
+    per forward and tokens/s (a program shared by several points is compiled and warmed up once).
+    progress(i, n) is called after each point."""
+    rows, compiled = [], set()
+    for i, (mode, knobs) in enumerate(points):
+        key = (mode, static_key(generation_config(mode, max_new_tokens, {mode: knobs})))
+        summary, _ = evaluate(params, config, tokenizer, records, [mode], max_new_tokens=max_new_tokens,
+                              batch_size=batch_size, knobs={mode: knobs}, method=method, pattern=pattern,
+                              seed=seed, lora_params=lora_params, lora=lora, progress=False,
+                              warmup=key not in compiled)
+        compiled.add(key)
+        r = summary[0]
+        rows.append({"mode": mode, "label": MODE_LABELS[mode], "knobs": dict(knobs), "point": describe(mode, knobs),
+                     "accuracy": r["accuracy"], "tokens_per_forward": r["tokens_per_forward"],
+                     "tokens_per_s": r["tokens_per_s"], "examples": r["examples"]})
+        if progress:
+            progress(i + 1, len(points))
+    return rows
