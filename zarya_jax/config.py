@@ -13,6 +13,12 @@ from typing import Any
 import jax.numpy as jnp
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# `ModelConfig.attention`: the kernel of the training mask (`zarya_jax.nn.attention`).
+ATTENTION_BACKENDS = ("auto", "dense", "dot_product", "splash")
+# `ModelConfig.remat_policy`: what a rematerialised layer keeps from its forward pass (`nn.model`).
+REMAT_POLICIES = ("full", "dots", "qkv")
+# ModelConfig fields that say how to compute, not what the model is (`ModelConfig.with_runtime_of`).
+RUNTIME_FIELDS = ("dtype", "remat", "remat_policy", "attention")
 
 
 class ConfigError(ValueError):
@@ -21,7 +27,13 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Qwen3 decoder dimensions (SPEC §1). `dtype` is the compute dtype, `param_dtype` the storage one."""
+    """Qwen3 decoder dimensions (SPEC §1). `dtype` is the compute dtype, `param_dtype` the storage one.
+
+    `attention` picks the kernel of the causal-within-segments mask (training, prefill, `forward`):
+    one of `ATTENTION_BACKENDS`, see `zarya_jax.nn.attention`. `remat` recomputes each layer in the
+    backward pass; `remat_policy` says what it keeps: `full` nothing, `dots` the weight matmuls' outputs
+    (attention and elementwise ops are recomputed), `qkv` the post-RoPE q/k/v and the attention output.
+    """
 
     vocab_size: int
     hidden_size: int
@@ -40,6 +52,8 @@ class ModelConfig:
     eos_token_id: int | None = None
     pad_token_id: int | None = None
     remat: bool = False
+    remat_policy: str = "full"
+    attention: str = "auto"
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -54,6 +68,10 @@ class ModelConfig:
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in _DTYPES:
                 raise ConfigError(f"ModelConfig.{name}={getattr(self, name)!r}: expected one of {sorted(_DTYPES)}")
+        if self.attention not in ATTENTION_BACKENDS:
+            raise ConfigError(f"ModelConfig.attention={self.attention!r}: expected one of {ATTENTION_BACKENDS}")
+        if self.remat_policy not in REMAT_POLICIES:
+            raise ConfigError(f"ModelConfig.remat_policy={self.remat_policy!r}: expected one of {REMAT_POLICIES}")
         if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size:
             raise ConfigError(
                 f"ModelConfig.mask_token_id={self.mask_token_id} outside the vocabulary [0, {self.vocab_size})")
@@ -68,6 +86,11 @@ class ModelConfig:
 
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
+
+    def with_runtime_of(self, other: "ModelConfig") -> "ModelConfig":
+        """This model run the way `other` says: its `RUNTIME_FIELDS` (how to compute, not what the model
+        is), e.g. a checkpoint's structure with a run config's precision, remat and attention kernel."""
+        return self.replace(**{f: getattr(other, f) for f in RUNTIME_FIELDS})
 
     def num_params(self) -> int:
         """Parameter count (embeddings included once when tied)."""

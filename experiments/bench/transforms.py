@@ -60,7 +60,7 @@ def bench(model_config, zarya_config: ZaryaConfig, batch: dict, slot_size: int, 
     inputs = jax.block_until_ready(f_transform(key, batch))
 
     def model_loss(p, inp):
-        logits, _ = model_lib.apply(p, model_config, inp["tokens"], inp["positions"], window_mask=inp["window_mask"])
+        logits, _ = model_lib.apply(p, model_config, inp["tokens"], inp["positions"], segment_ids=inp["segment_ids"])
         return loss_from_logits(logits, inp, zarya_config, slot_size)
 
     f_model = jax.jit(jax.value_and_grad(model_loss, has_aux=True))

@@ -1,7 +1,13 @@
 """Qwen3 in Flax Linen (SPEC §0–§1), pure: `Qwen3(config).apply({'params': p}, tokens, positions, ...)`.
 
-Two orders (SPEC §0): RoPE reads the *logical* `positions`; attention reads a boolean mask over the
-*physical* order of the input (and of the KV cache). With no mask the window is plainly causal.
+Two orders (SPEC §0): RoPE reads the *logical* `positions`; attention reads the *physical* order of the
+input (and of the KV cache). The window's mask is either structured — causal within `segment_ids`
+(the training mask; plainly causal without ids), served by the kernel `config.attention` picks
+(`attention.py`: dense, `jax.nn.dot_product_attention`/cuDNN, TPU splash) — or any boolean
+`window_mask`, always dense (decoding's windows and the drafter's block mask).
+
+Remat (`config.remat`): each scanned layer is recomputed in the backward pass, keeping what
+`config.remat_policy` names (`_REMAT_POLICIES`).
 
 KV cache (see `kv_cache.py`): the model never mutates it. Given a cache it attends from the window to
 the cache's valid rows plus the window itself and returns the window's own K/V,
@@ -18,11 +24,17 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from ..config import LoraConfig, ModelConfig
+from . import attention
 
 Array = jax.Array
-NEG_INF = -1e30  # finite, so a fully masked (padding) query row yields a uniform, not NaN, softmax
+_REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "qkv": jax.checkpoint_policies.save_only_these_names("q", "k", "v", "attention"),
+}
 
 
 def rms_norm(x: Array, scale: Array, eps: float) -> Array:
@@ -95,18 +107,6 @@ class Proj(nn.Module):
         return jnp.where(on, y + delta, y)
 
 
-def attend(q: Array, k: Array, v: Array, mask: Array) -> Array:
-    """GQA attention in fp32. q [b,t,h,q], k/v [b,s,k,q], mask bool [b,t,s] -> [b,t,h,q]."""
-    b, t, h, d = q.shape
-    kv = k.shape[2]
-    q = q.reshape(b, t, kv, h // kv, d)
-    scores = jnp.einsum("btkgq,bskq->bkgts", q, k, preferred_element_type=jnp.float32) * (d ** -0.5)
-    scores = jnp.where(mask[:, None, None, :, :], scores, NEG_INF)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskq->btkgq", probs, v)
-    return out.reshape(b, t, h, d)
-
-
 class Block(nn.Module):
     """One decoder layer: pre-norm GQA attention with q/k RMSNorm before RoPE, pre-norm SwiGLU MLP."""
 
@@ -114,7 +114,7 @@ class Block(nn.Module):
     lora: LoraConfig | None = None
 
     @nn.compact
-    def __call__(self, x, layer_cache, positions, window_mask, cache_mask, gate):
+    def __call__(self, x, layer_cache, positions, window_mask, segment_ids, cache_mask, gate):
         c = self.config
         dt, pdt = c.jnp_dtype, c.jnp_param_dtype
         d, h, kvh, hd, f = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size
@@ -126,16 +126,16 @@ class Block(nn.Module):
         q = proj("q_proj", (d,), (h, hd))(y, gate)
         k = proj("k_proj", (d,), (kvh, hd))(y, gate)
         v = proj("v_proj", (d,), (kvh, hd))(y, gate)
-        q = rope(RMSNorm(c.rms_norm_eps, pdt, name="q_norm")(q), positions, c.rope_theta)
-        k = rope(RMSNorm(c.rms_norm_eps, pdt, name="k_norm")(k), positions, c.rope_theta)
-        if layer_cache is None:
-            keys, values, mask = k, v, window_mask
+        q = checkpoint_name(rope(RMSNorm(c.rms_norm_eps, pdt, name="q_norm")(q), positions, c.rope_theta), "q")
+        k = checkpoint_name(rope(RMSNorm(c.rms_norm_eps, pdt, name="k_norm")(k), positions, c.rope_theta), "k")
+        v = checkpoint_name(v, "v")
+        if window_mask is None:  # causal within segments: the configured (possibly fused) kernel
+            attn = attention.causal(q, k, v, segment_ids, c.attention)
+        elif layer_cache is None:
+            attn = attention.dense(q, k, v, window_mask)
         else:
-            k_cache, v_cache = layer_cache
-            keys = jnp.concatenate([k_cache.astype(dt), k], axis=1)
-            values = jnp.concatenate([v_cache.astype(dt), v], axis=1)
-            mask = jnp.concatenate([cache_mask, window_mask], axis=2)
-        attn = attend(q, keys, values, mask)
+            attn = attention.cached(q, k, v, *layer_cache, cache_mask, window_mask)
+        attn = checkpoint_name(attn, "attention")
         x = x + proj("o_proj", (h, hd), (d,))(attn, gate)
         y = RMSNorm(c.rms_norm_eps, pdt, name="post_attn_norm")(x)
         hidden = nn.silu(proj("gate_proj", (d,), (f,))(y, gate)) * proj("up_proj", (d,), (f,))(y, gate)
@@ -151,20 +151,26 @@ class Qwen3(nn.Module):
 
     @nn.compact
     def __call__(self, tokens: Array, positions: Array | None = None, *, window_mask: Array | None = None,
-                 cache: dict | None = None, cache_mask: Array | None = None, gate: Array | None = None,
-                 return_hidden: bool = False):
+                 segment_ids: Array | None = None, cache: dict | None = None, cache_mask: Array | None = None,
+                 gate: Array | None = None, return_hidden: bool = False):
         """Returns (logits fp32 [b, t, v], window K/V ([layers, b, t, k, q] × 2) or None).
 
-        window_mask: bool [b, t, t] over the window's physical order (default causal).
+        The window's attention over its own physical order is one of:
+        segment_ids: int [b, t]: causal within equal ids, 0 = padding (the training mask), served by
+          `config.attention`; neither this nor `window_mask`: plainly causal, the same way;
+        window_mask: bool [b, t, t], any mask (always the dense kernel).
         cache: {'k', 'v': [layers, b, s, k, q], 'length': [b]}; cache_mask bool [b, t, s]
-        (default: the first `length` rows of each cache row).
+        (default: the first `length` rows of each cache row). With a cache the window is causal unless
+        `window_mask` says otherwise (dense kernel).
         gate: bool [b, t], LoRA on where true (ignored without `lora`).
         """
         c = self.config
         b, t = tokens.shape
+        if segment_ids is not None and (window_mask is not None or cache is not None):
+            raise ValueError("segment_ids is for a window without a cache or window_mask (the training mask)")
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-        if window_mask is None:
+        if cache is not None and window_mask is None:  # a window against a cache: dense causal
             window_mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
         if gate is None:
             gate = jnp.zeros((b, t), bool)
@@ -182,12 +188,11 @@ class Qwen3(nn.Module):
 
         block = Block
         if c.remat:
-            block = nn.remat(Block, prevent_cse=False)
+            block = nn.remat(Block, prevent_cse=False, policy=_REMAT_POLICIES[c.remat_policy])
         scanned = nn.scan(block, variable_axes={"params": 0, "lora": 0},
                           split_rngs={"params": True, "lora": True},
-                          in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
-                          length=c.num_layers)
-        x, window_kv = scanned(c, self.lora, name="layers")(x, layer_caches, positions, window_mask,
+                          in_axes=(0,) + (nn.broadcast,) * 5, length=c.num_layers)
+        x, window_kv = scanned(c, self.lora, name="layers")(x, layer_caches, positions, window_mask, segment_ids,
                                                            cache_mask, gate)
         x = RMSNorm(c.rms_norm_eps, c.jnp_param_dtype, name="final_norm")(x)
         if return_hidden:
@@ -204,6 +209,7 @@ class Qwen3(nn.Module):
 def init_params(config: ModelConfig, key: Array, lora: LoraConfig | None = None):
     """Random params (and LoRA params when `lora` is given) with the shapes a checkpoint has."""
     tokens = jnp.zeros((1, 2), jnp.int32)
+    config = config.replace(attention="dense")  # the params do not depend on the kernel; 2 tokens suit any
     k1, k2 = jax.random.split(key)
     # jit: an eager init of the scanned layers runs op by op and is many times slower.
     variables = jax.jit(lambda r: Qwen3(config, lora).init(r, tokens))({"params": k1, "lora": k2})
@@ -222,7 +228,8 @@ def apply(params, config: ModelConfig, tokens: Array, positions: Array | None = 
 
 
 def forward(params, config: ModelConfig, tokens: Array, positions: Array | None = None) -> Array:
-    """Plain causal forward: logits float32 [b, l, v]; positions default to arange(l)."""
+    """Plain causal forward (through `config.attention`): logits float32 [b, l, v]; positions default to
+    arange(l)."""
     logits, _ = apply(params, config, jnp.asarray(tokens, jnp.int32),
                       None if positions is None else jnp.asarray(positions, jnp.int32))
     return logits

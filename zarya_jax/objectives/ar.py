@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ..config import ModelConfig
-from ..nn import checkpoint, masks
+from ..nn import checkpoint
 from ..nn import model as model_lib
 from .base import Objective
 from .losses import token_cross_entropy
@@ -35,7 +35,7 @@ def ar_objective(model_config: ModelConfig) -> Objective:
     def loss_fn(params, frozen, batch, key, info):
         targets, has = next_token_targets(batch)
         logits, _ = model_lib.apply(params, model_config, batch["tokens"], batch["positions"],
-                                    window_mask=masks.segment_causal(batch["segment_ids"]))
+                                    segment_ids=batch["segment_ids"])
         ce, hit = token_cross_entropy(logits, targets)
         n = jnp.maximum(jnp.sum(has), 1)
         loss = jnp.sum(jnp.where(has, ce, 0.0)) / n

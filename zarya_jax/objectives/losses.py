@@ -92,11 +92,13 @@ def zarya_loss(params, model_config: ModelConfig, zarya_config: ZaryaConfig, bat
     batch: [B, L] arrays (see `data/batch.py`); key: this step's key (e.g. fold_in(run_key, step));
     slot_size: static int, or a traced int32 scalar (one compile for the whole curriculum; ignored when
     not slotted). apply_fn(params, model_config, tokens, positions,
-    window_mask=...) -> (logits, …) like `model.apply` (the default); use it for remat/sharded variants.
+    segment_ids=...) -> (logits, …) like `model.apply` (the default); use it for remat/sharded variants.
+    The model attends causally within the transform's physical-order segments (the transform's
+    `window_mask`, `masks.segment_causal`), through the kernel `model_config.attention` picks.
     Use under `jax.value_and_grad(zarya_loss, has_aux=True)` with the configs (and an int slot_size) static.
     """
     inputs = transform(key, batch, zarya_config, slot_size, mask_id_of(model_config))
     apply_fn = model_lib.apply if apply_fn is None else apply_fn
-    out = apply_fn(params, model_config, inputs["tokens"], inputs["positions"], window_mask=inputs["window_mask"])
+    out = apply_fn(params, model_config, inputs["tokens"], inputs["positions"], segment_ids=inputs["segment_ids"])
     logits = out[0] if isinstance(out, tuple) else out
     return loss_from_logits(logits, inputs, zarya_config, slot_size)

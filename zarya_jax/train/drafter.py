@@ -60,7 +60,7 @@ def train_drafter(cfg: DrafterRunConfig, base: str, workdir: str, *, force: bool
     if cfg.lora.noise == "mask" and base_config.mask_token_id is None:
         raise ConfigError(f"lora.noise=mask needs a mask token, but {base} has mask_token_id=None")
     run = cfg.run_config()
-    run = run.replace(model=base_config.replace(dtype=run.model.dtype, remat=run.model.remat))
+    run = run.replace(model=base_config.with_runtime_of(run.model))
     settings = _settings(base, cfg)
     meta_path = os.path.join(workdir, "drafter.json")
     if os.path.exists(meta_path) and not force:

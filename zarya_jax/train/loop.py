@@ -77,7 +77,7 @@ def resolve_model(run: rc.RunConfig, tokenizer, init_config: ModelConfig | None)
     when unset, and a check that every token id fits the vocabulary."""
     cfg = run.model
     if init_config is not None:
-        cfg = init_config.replace(dtype=run.model.dtype, remat=run.model.remat)
+        cfg = init_config.with_runtime_of(run.model)
     fill = {}
     for field, tok_attr in (("mask_token_id", "mask_id"), ("eos_token_id", "eos_id"), ("pad_token_id", "pad_id")):
         if getattr(cfg, field) is None and getattr(tokenizer, tok_attr, None) is not None:
@@ -253,7 +253,7 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
                            run_key)
     start = int(state["step"])
     steps = StepCache(make_train_step(objective, optimizer, run.optim, total, mesh, trainable_mask),
-                      make_eval_step(objective, total), state_sh, frozen_sh, mesh, BATCH_KEYS)
+                      make_eval_step(objective, total, mesh), state_sh, frozen_sh, mesh, BATCH_KEYS)
 
     flops_tok = train_flops_per_token(setup.model_config, run.data.max_length, objective.forward_passes)
     peak, peak_note = peak_flops(mesh.devices.flatten().tolist(), run.train.peak_flops)

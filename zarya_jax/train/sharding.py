@@ -7,7 +7,8 @@ One mesh with three named axes, `('data', 'fsdp', 'tensor')`:
 - `tensor`: Megatron-style tensor parallelism over heads, MLP width and vocabulary.
 
 Every param dim carries a *logical* axis name (`PARAM_AXES`, matched on the param's path), and ONE
-table (`RULES`) maps logical names to mesh axes. Changing the parallelism layout means editing
+table (`RULES`, in `zarya_jax.nn.partitioning`, where the model's fused attention reads it too) maps
+logical names to mesh axes. Changing the parallelism layout means editing
 `RULES` or the mesh sizes, never the model. A dim whose size is not divisible by its mesh axes is
 left unsharded (replicated) rather than failing, so tiny test models run on any mesh.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import numpy as np
@@ -25,26 +26,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ..config import ConfigError
-
-MESH_AXES = ("data", "fsdp", "tensor")
-BATCH_AXES = ("data", "fsdp")  # the batch dim is split over both data-parallel axes
-
-# Logical axis -> mesh axes (None: replicated). The only place parallelism is decided.
-RULES: dict[str, Any] = {
-    "batch": BATCH_AXES,
-    "length": None,
-    "vocab": "tensor",
-    "embed": "fsdp",
-    "heads": "tensor",
-    "kv_heads": "tensor",
-    "head_dim": None,
-    "mlp": "tensor",
-    "layers": None,
-    "norm": None,
-    "lora_rank": None,
-    "lora_in": "fsdp",
-    "lora_out": None,
-}
+from ..nn.partitioning import BATCH_AXES, MESH_AXES, RULES, spec_for
 
 # Param path (joined with '/') -> logical axes of its dims. First full match wins.
 # Covers the model params (nn/model.py) and the gated-LoRA adapter tree (nn/lora.py).
@@ -142,32 +124,7 @@ def logical_axes(path: str, ndim: int) -> tuple[str | None, ...]:
     return (None,) * ndim
 
 
-def _mesh_size(mesh: Mesh, axes) -> int:
-    if axes is None:
-        return 1
-    axes = (axes,) if isinstance(axes, str) else axes
-    return int(np.prod([mesh.shape[a] for a in axes]))
-
-
-def spec_for(shape: Sequence[int], axes: Sequence[str | None], mesh: Mesh,
-             rules: dict[str, Any] = RULES) -> P:
-    """PartitionSpec for an array of `shape` with logical `axes`; indivisible dims stay replicated,
-    and a mesh axis is used at most once per array."""
-    used: set[str] = set()
-    out = []
-    for size, name in zip(shape, axes):
-        mesh_axes = rules.get(name) if name is not None else None
-        flat = () if mesh_axes is None else ((mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes))
-        flat = tuple(a for a in flat if a not in used and mesh.shape[a] > 1)
-        if not flat or size % _mesh_size(mesh, flat):
-            out.append(None)
-            continue
-        used.update(flat)
-        out.append(flat[0] if len(flat) == 1 else flat)
-    return P(*out)
-
-
-def tree_shardings(tree, mesh: Mesh, rules: dict[str, Any] = RULES):
+def tree_shardings(tree, mesh: Mesh, rules: dict = RULES):
     """NamedShardings for a params-like pytree (arrays or ShapeDtypeStructs), from `PARAM_AXES`."""
     def one(path, leaf):
         shape = np.shape(leaf)
@@ -216,6 +173,8 @@ def maybe_initialize_distributed(mode: str = "auto") -> bool:
     mode 'on' always initializes (arguments from the environment / cluster auto-detection, e.g.
     TPU pods, SLURM, Open MPI); 'off' never; 'auto' when a coordinator address is in the environment
     or SLURM / Open MPI report more than one task. Does nothing when already initialized.
+    Without a cluster to detect (several processes on one machine, or hosts you launch yourself), set
+    `JAX_COORDINATOR_ADDRESS=host:port`, `JAX_NUM_PROCESSES` and `JAX_PROCESS_ID` (0 … N−1) on each.
     """
     if mode not in ("auto", "on", "off"):
         raise ConfigError(f"train.distributed={mode!r}: expected 'auto', 'on' or 'off'")
@@ -227,5 +186,7 @@ def maybe_initialize_distributed(mode: str = "auto") -> bool:
         multi |= int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1")) > 1
         if not multi:
             return False
-    jax.distributed.initialize()
+    env = {name: int(os.environ[var]) for name, var in (("num_processes", "JAX_NUM_PROCESSES"),
+                                                          ("process_id", "JAX_PROCESS_ID")) if os.environ.get(var)}
+    jax.distributed.initialize(**env)
     return True

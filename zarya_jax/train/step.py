@@ -13,7 +13,10 @@ repeats bit for bit.
 
 The step: micro-batches scanned for gradient accumulation → clip → AdamW. A non-finite loss or grad
 norm leaves the state as it was (params, optimizer, step) and records `bad_step`; the loop then stops
-with `NonFiniteError`, so no broken state is ever checkpointed.
+with `NonFiniteError`, so no broken state is ever checkpointed. The state is donated into the jitted step
+(its buffers are reused for the new state: one copy of params and Adam moments in memory). Steps are
+traced with the mesh as the context mesh, so the model's fused attention kernels run per shard
+(`nn.attention`).
 """
 from __future__ import annotations
 
@@ -74,6 +77,10 @@ def make_train_step(objective: Objective, optimizer, optim_config: OptimConfig, 
     micro_sharding = NamedSharding(mesh, P(None, shd.BATCH_AXES))
 
     def step(state, frozen, batch, static):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return _step(state, frozen, batch, static)
+
+    def _step(state, frozen, batch, static):
         params = state["params"]
         key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
         info = StepInfo(step=state["step"], static=static, total_steps=total_steps)
@@ -129,12 +136,13 @@ def make_train_step(objective: Objective, optimizer, optim_config: OptimConfig, 
     return step
 
 
-def make_eval_step(objective: Objective, total_steps: int):
+def make_eval_step(objective: Objective, total_steps: int, mesh):
     """eval(params, frozen, batch, key, step, static) -> (loss, metrics); pure, jitted by the caller."""
 
     def evaluate(params, frozen, batch, key, step, static):
         info = StepInfo(step=step, static=static, total_steps=total_steps)
-        loss, metrics = objective.loss_fn(params, frozen, batch, key, info)
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            loss, metrics = objective.loss_fn(params, frozen, batch, key, info)
         return loss.astype(jnp.float32), {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
 
     return evaluate
