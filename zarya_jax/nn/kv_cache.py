@@ -15,10 +15,17 @@ from ..config import ModelConfig
 Array = jax.Array
 
 
-def init(config: ModelConfig, batch: int, max_len: int) -> dict:
+def init(config: ModelConfig, batch: int, max_len: int, dtype: str = "auto") -> dict:
+    """An empty cache. dtype: of K/V ("auto": the model's compute dtype; "bfloat16" halves an fp32 model's
+    cache — the model reads it back in its compute dtype, and `commit` rounds the written rows)."""
     shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
-    return {"k": jnp.zeros(shape, config.jnp_dtype), "v": jnp.zeros(shape, config.jnp_dtype),
-            "length": jnp.zeros((batch,), jnp.int32)}
+    dt = config.jnp_dtype if dtype == "auto" else jnp.dtype(dtype)
+    return {"k": jnp.zeros(shape, dt), "v": jnp.zeros(shape, dt), "length": jnp.zeros((batch,), jnp.int32)}
+
+
+def nbytes(cache: dict) -> int:
+    """Bytes of the K and V buffers (of arrays or of `jax.eval_shape`'s abstract ones)."""
+    return sum(cache[k].size * cache[k].dtype.itemsize for k in ("k", "v"))
 
 
 def max_len(cache: dict) -> int:
@@ -37,9 +44,10 @@ def commit(cache: dict, window_kv: tuple[Array, Array], keep: Array) -> dict:
     slot = cache["length"][:, None] + jnp.cumsum(keep, axis=1) - 1
     index = jnp.where(keep, slot, s)  # out of range → dropped
 
-    def write(buf, win):  # buf [layers, s, k, q], win [layers, t, k, q], idx [t]
-        return jax.vmap(lambda bb, ww, ii: bb.at[:, ii].set(ww.astype(bb.dtype), mode="drop"),
-                        in_axes=(1, 1, 0), out_axes=1)(buf, win, index)
+    rows = jnp.arange(keep.shape[0])[:, None]
+
+    def write(buf, win):  # buf [layers, b, s, k, q], win [layers, b, t, k, q]: one scatter at [·, row, index]
+        return buf.at[:, rows, index].set(win.astype(buf.dtype), mode="drop")
 
     return {"k": write(cache["k"], k_win), "v": write(cache["v"], v_win),
             "length": cache["length"] + keep.sum(axis=1).astype(jnp.int32)}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ..nn import kv_cache, masks
+from ..nn import kv_cache
 from ..nn import model as model_lib
 from . import primitives
 from .config import GenerationConfig
@@ -28,15 +28,17 @@ def special_ids(config, gcfg: GenerationConfig) -> tuple[int | None, int]:
     return eos, pad
 
 
-def prefill(params, config, tokens: Array, lengths: Array, cache_len: int) -> tuple[Array, dict]:
+def prefill(params, config, tokens: Array, lengths: Array, cache_len: int, cache_dtype: str = "auto"
+            ) -> tuple[Array, dict]:
     """One causal pass over the padded prompts [B, P]; commits the valid rows into a fresh cache of
-    `cache_len` rows. Returns (logits of each row's last prompt token [B, V], cache)."""
+    `cache_len` rows (K/V in `cache_dtype`, see `kv_cache.init`). Returns (logits of each row's last
+    prompt token [B, V], cache)."""
     b, p = tokens.shape
     valid = jnp.arange(p)[None, :] < lengths[:, None]
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-    logits, kv = model_lib.apply(params, config, tokens, positions,
-                                 window_mask=masks.causal_with_padding(valid))
-    cache = kv_cache.commit(kv_cache.init(config, b, cache_len), kv, valid)
+    # Causal within the valid rows (segment 1; padding 0): the training mask, so a fused kernel may serve it.
+    logits, kv = model_lib.apply(params, config, tokens, positions, segment_ids=valid.astype(jnp.int32))
+    cache = kv_cache.commit(kv_cache.init(config, b, cache_len, cache_dtype), kv, valid)
     return logits[jnp.arange(b), lengths - 1], cache
 
 
@@ -88,7 +90,7 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
     eos, pad = special_ids(config, gcfg)
     draw = sampler(config, gcfg)
     stop = eos is not None and gcfg.stop_at_eos
-    logits, cache = prefill(params, config, tokens, lengths, p + g)
+    logits, cache = prefill(params, config, tokens, lengths, p + g, gcfg.kv_cache_dtype)
     state = dict(i=jnp.int32(0), cache=cache, logits=logits, out=jnp.full((b, g), pad, jnp.int32),
                  done=jnp.zeros((b,), bool), generated=jnp.zeros((b,), jnp.int32),
                  nfe=jnp.ones((b,), jnp.int32), passes=jnp.int32(1),
@@ -152,8 +154,7 @@ def run_uncached(params, tokens: Array, lengths: Array, key: Array, *, config, g
         i = s["i"]
         active = ~s["done"]
         valid = jnp.arange(total)[None, :] < (lengths + i)[:, None]
-        logits, _ = model_lib.apply(params, config, s["buf"], positions,
-                                    window_mask=masks.causal_with_padding(valid))
+        logits, _ = model_lib.apply(params, config, s["buf"], positions, segment_ids=valid.astype(jnp.int32))
         tok = jnp.where(active, draw(jax.random.fold_in(key, i), logits[rows, lengths + i - 1], s["presence"]),
                         pad)
         buf = s["buf"].at[rows, lengths + i].set(tok)

@@ -13,6 +13,7 @@ import numpy as np
 
 MODES = ("ar", "mdm", "slotted", "spec")
 DRAFTERS = ("lora", "self")
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +33,8 @@ class GenerationConfig:
     draft_length, drafter: mode "spec" (F and "lora" | "self").
     eos_token_id: None → the model config's; stop_at_eos: a row stops after its first EOS.
     prompt_bucket: padded prompt length is rounded up to a multiple of it (bounds the compiles).
+    kv_cache_dtype: K/V storage of the cache, "auto" (the model's compute dtype) or one of
+      `KV_CACHE_DTYPES` ("bfloat16" halves an fp32 model's cache; attention still computes in the model's dtype).
     """
 
     mode: str | None = None
@@ -54,6 +57,7 @@ class GenerationConfig:
     eos_token_id: int | None = None
     prompt_bucket: int = 16
     stop_at_eos: bool = True
+    kv_cache_dtype: str = "auto"
 
     @property
     def resolved_mode(self) -> str:
@@ -92,6 +96,8 @@ class GenerationConfig:
                              "[0, 1] (or > 1 for one slot per plan)")
         if not (isinstance(self.token_threshold, (int, float)) and 0.0 <= self.token_threshold <= 1.0):
             raise ValueError(f"GenerationConfig.token_threshold={self.token_threshold!r}: expected a value in [0, 1]")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"GenerationConfig.kv_cache_dtype={self.kv_cache_dtype!r}: expected one of {KV_CACHE_DTYPES}")
         if self.drafter not in DRAFTERS:
             raise ValueError(f"GenerationConfig.drafter={self.drafter!r}: expected one of {DRAFTERS}")
         if self.resolved_mode == "slotted" and self.slot_size > self.max_new_tokens:

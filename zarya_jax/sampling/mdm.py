@@ -84,7 +84,7 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
     k_plan, k_sample = jax.random.split(key)
     order, sizes, n_steps, n_diff = plan(k_plan, gcfg, b)
     starts = jnp.cumsum(sizes, axis=1) - sizes
-    _, cache = ar.prefill(params, config, tokens, lengths, p + m)
+    _, cache = ar.prefill(params, config, tokens, lengths, p + m, gcfg.kv_cache_dtype)
     rows = jnp.arange(b)[:, None]
     offs = jnp.arange(m)[None, :]
     slot = jnp.arange(kw)[None, :]

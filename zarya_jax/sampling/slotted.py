@@ -106,7 +106,7 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
     use_infill = jnp.asarray(dyn.get("ar_infill", gcfg.ar_infill), bool)
     use_first = jnp.asarray(dyn.get("ar_first_token", gcfg.ar_first_token), bool)
 
-    last_logits, cache = ar.prefill(params, config, tokens, lengths, lc)
+    last_logits, cache = ar.prefill(params, config, tokens, lengths, lc, gcfg.kv_cache_dtype)
     prompt_valid = jnp.arange(p)[None, :] < lengths[:, None]
     zeros_lc = jnp.full((b, lc), -1, jnp.int32)
     phys_tok = _append(zeros_lc, jnp.zeros((b,), jnp.int32), tokens, prompt_valid)

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..config import ConfigError, LoraConfig, ModelConfig
-from ..nn import kv_cache, masks
+from ..nn import kv_cache
 from ..nn import model as model_lib
 from ..nn.lora import check_lora, noise_tokens
 from . import ar, primitives
@@ -158,11 +158,11 @@ def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array,
                                  presence, config.mask_token_id)
 
     # Prefill: the cache holds the prompt minus its last token, which becomes the first seed.
-    cache = kv_cache.init(config, b, P + G + F + 2)
+    cache = kv_cache.init(config, b, P + G + F + 2, gcfg.kv_cache_dtype)
     ar_idx = jnp.arange(P)[None, :]
     valid = ar_idx < (lengths - 1)[:, None]
     _, kv = model_lib.apply(params, config, prompts, jnp.broadcast_to(ar_idx, (b, P)).astype(jnp.int32),
-                            window_mask=masks.causal_with_padding(valid), return_hidden=True)
+                            segment_ids=valid.astype(jnp.int32), return_hidden=True)
     cache = kv_cache.commit(cache, kv, valid)
     seed = jnp.take_along_axis(prompts, (lengths - 1)[:, None], axis=1)[:, 0]
 

@@ -1,0 +1,53 @@
+"""One decode pass as a program of its own: the unit every decoding mode repeats (SPEC §4–§7), for the
+device benchmark (cost of a pass against its window size) and the memory plan (`experiments.bench`).
+
+Inside `generate` the KV cache never leaves a mode's compiled `while_loop`, which updates it in place
+(`kv_cache.commit` is one scatter into the loop-carried buffer). Here a pass is its own `jax.jit` and
+the cache is *donated*: the returned cache reuses the argument's buffers, so a Python loop of passes
+holds one cache, not two.
+
+- `window_rows(gcfg)`: the rows of one pass of each mode: AR 1; mode A 2K (`mdm.window_rows`); mode B one
+  block (`slotted.block_layout`); Ψ-Spec F (F + 1 with the self drafter: the seed and F masks).
+- `cache_rows(gcfg, prompt_len)`: the rows of the cache each mode allocates.
+- `cached_pass(params, cache, tokens, positions, *, config)`: a causal window [B, W] at logical
+  `positions` against every committed cache row; returns (logits fp32 [B, W, V], the cache with the
+  whole window committed). `decode_pass` is it under `jax.jit` with the cache donated; wrap `cached_pass`
+  in your own `jax.jit(..., in_shardings=…, donate_argnames="cache")` to place it on a mesh.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from ..nn import kv_cache
+from ..nn import model as model_lib
+from . import mdm, slotted
+from .config import GenerationConfig
+
+Array = jax.Array
+
+
+def window_rows(gcfg: GenerationConfig) -> int:
+    mode = gcfg.resolved_mode
+    if mode == "ar":
+        return 1
+    if mode == "mdm":
+        return 2 * mdm.window_rows(gcfg)
+    if mode == "slotted":
+        return slotted.block_layout(gcfg)[1]
+    return gcfg.draft_length + (1 if gcfg.drafter == "self" else 0)
+
+
+def cache_rows(gcfg: GenerationConfig, prompt_len: int) -> int:
+    extra = gcfg.draft_length + 2 if gcfg.resolved_mode == "spec" else 0
+    return prompt_len + gcfg.max_new_tokens + extra
+
+
+def cached_pass(params, cache: dict, tokens: Array, positions: Array, *, config) -> tuple[Array, dict]:
+    logits, kv = model_lib.apply(params, config, tokens, positions, cache=cache)
+    return logits, kv_cache.commit(cache, kv, jnp.ones(tokens.shape, bool))
+
+
+decode_pass = functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))(cached_pass)
