@@ -9,7 +9,8 @@ the raw prompt text for prompt/answer records. EOS is appended to the answer.
 
 Files are read, validated (line numbers in errors) and tokenized once at startup, so every error and
 the over-length counts are known before any compute. Shuffling, epochs, host sharding, padding/packing
-and batching are grain transformations; the grain iterator's state is saved in the checkpoint.
+and batching are grain transformations; the grain iterator's state is saved in the checkpoint. The
+global batches are the same whatever the number of hosts (`make_dataset`).
 
 Batch (per host): tokens int32 [B, L]; segment_ids int32 [B, L] (1, 2, … per packed example, 0 = pad);
 positions int32 [B, L] (logical, restarting at 0 in each example); answer_mask bool [B, L].
@@ -194,15 +195,18 @@ def _stack(rows) -> dict[str, np.ndarray]:
 
 def make_dataset(examples, config: DataConfig, *, local_batch: int, pad_id: int, train: bool = True,
                  process_index: int = 0, process_count: int = 1) -> grain.IterDataset:
-    """grain pipeline: this host's shard → (train: per-epoch shuffle, repeat) → pad or pack → batch.
+    """grain pipeline of this host's rows of the global batches: (train: per-epoch shuffle, repeat; eval:
+    file order, repeated, so every evaluation sees the same batches) → pad or pack → batch.
 
-    Each host takes examples `process_index::process_count` and yields its `local_batch` rows of the
-    global batch. Eval (train=False) repeats in file order so every evaluation sees the same batches.
+    The global batches do not depend on the number of hosts (a run on 1 or N hosts, or resumed on
+    another count, sees the same data): every host orders the same example list, and host p of P takes
+    rows [p·local_batch, (p+1)·local_batch) of each global batch of P·local_batch rows. Padded rows:
+    host p reads only its own examples (local batches p, p + P, … of the stream). Packed rows: packing
+    depends on the whole stream, so every host packs it all and keeps its rows (cheap next to a step).
     """
-    ds = grain.MapDataset.source(list(examples))[process_index::process_count]
-    if len(ds) == 0:
-        raise DataError(f"host {process_index} of {process_count} got no examples "
-                        f"({len(examples)} examples in all)")
+    if not examples:
+        raise DataError("no examples to batch")
+    ds = grain.MapDataset.source(list(examples))
     if train:
         ds = ds.shuffle(seed=config.seed).repeat(config.num_epochs or None)
     else:
@@ -210,12 +214,15 @@ def make_dataset(examples, config: DataConfig, *, local_batch: int, pad_id: int,
     opts = grain.ReadOptions(num_threads=config.read_threads, prefetch_buffer_size=config.prefetch)
     if not config.pack:
         ds = ds.map(lambda ex: pad_row(ex, config.max_length, pad_id))
-        return ds.batch(local_batch, drop_remainder=True, batch_fn=_stack).to_iter_dataset(opts)
-    L = config.max_length
+        ds = ds.batch(local_batch, drop_remainder=True, batch_fn=_stack)
+        return ds[process_index::process_count].to_iter_dataset(opts)
+    L, global_batch = config.max_length, local_batch * process_count
     packed = grain.experimental.FirstFitPackIterDataset(
         ds.map(_features).to_iter_dataset(opts), length_struct={"tokens": L, "answer_mask": L},
-        num_packing_bins=local_batch, shuffle_bins=False, padding_struct={"tokens": pad_id, "answer_mask": 0})
-    return packed.map(_packed_row).batch(local_batch, drop_remainder=True, batch_fn=_stack)
+        num_packing_bins=global_batch, shuffle_bins=False, padding_struct={"tokens": pad_id, "answer_mask": 0})
+    mine = slice(process_index * local_batch, (process_index + 1) * local_batch)
+    return (packed.map(_packed_row).batch(global_batch, drop_remainder=True, batch_fn=_stack)
+            .map(lambda rows: {k: v[mine] for k, v in rows.items()}))
 
 
 @dataclasses.dataclass

@@ -9,7 +9,8 @@ at the end, the objective's export of the final params.
 Resuming is the default: a workdir with checkpoints continues from the latest one, exactly (same
 params, optimizer state, step, PRNG and data position), provided the run config is unchanged (else
 `ConfigError`, unless `force=True`). SIGTERM/SIGINT finish the current step, save a checkpoint and
-return with `status='interrupted'`.
+return with `status='interrupted'` — on several hosts after the same step on all of them, whichever host
+got the signal (`train.preemption`).
 """
 from __future__ import annotations
 
@@ -17,8 +18,6 @@ import dataclasses
 import json
 import math
 import os
-import signal
-import threading
 from typing import Any, Sequence
 
 import jax
@@ -40,6 +39,7 @@ from . import sharding as shd
 from .checkpoints import RunCheckpointer, abstract_like
 from .hooks import Checkpointer, Evaluator, Export, Hook, MetricsLogger, ProgressBar, StepEvent
 from .metrics import peak_flops, train_flops_per_token
+from .preemption import StopSignal
 from .step import (NonFiniteError, StepCache, build_optimizer, host_fingerprint, init_state, make_eval_step,
                    make_train_step, state_shardings)
 
@@ -101,24 +101,6 @@ def _validate_batch(run: rc.RunConfig, mesh) -> int:
     if b % hosts:
         raise ConfigError(f"data.batch_size={b} is not divisible by the {hosts} hosts")
     return b // hosts
-
-
-class _SignalFlag:
-    """SIGTERM/SIGINT set a flag the loop checks after each step (handlers only in the main thread)."""
-
-    def __init__(self):
-        self.signum = None
-        self._old = {}
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGTERM, signal.SIGINT):
-                self._old[s] = signal.signal(s, self._handle)
-
-    def _handle(self, signum, frame):
-        self.signum = signum
-
-    def restore(self):
-        for s, h in self._old.items():
-            signal.signal(s, h)
 
 
 @dataclasses.dataclass
@@ -273,7 +255,7 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
 
     summary: dict[str, Any] = {"status": "completed", "workdir": os.path.abspath(workdir), "start_step": start,
                                "data_stats": setup.splits.stats, "peak_flops_note": peak_note}
-    flag = _SignalFlag()
+    flag = StopSignal()
     try:
         state, last_loss = _run_steps(state, frozen, steps, objective, train_iter, setup, all_hooks, saver, ckpt,
                                       flag, start, total, summary)
@@ -292,7 +274,7 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
 
 
 def _run_steps(state, frozen, steps: StepCache, objective: Objective, train_iter, setup: _Setup,
-               hooks: list[Hook], saver: Checkpointer, ckpt: RunCheckpointer, flag: _SignalFlag, start: int,
+               hooks: list[Hook], saver: Checkpointer, ckpt: RunCheckpointer, flag: StopSignal, start: int,
                total: int, summary: dict) -> tuple[dict, float | None]:
     """Steps `start` → `total` (see `train.hooks` for when hooks run and the host synchronises).
     Returns (final state, last step loss); a signal sets `summary['status']` to 'interrupted'."""
@@ -318,7 +300,7 @@ def _run_steps(state, frozen, steps: StepCache, objective: Objective, train_iter
 
     pending = None
     for step in range(start, total):
-        if flag.signum is not None:  # preempted between steps: save what is done, stop
+        if flag.reached(step):  # a signal (here or, on several hosts, on any host): save what is done, stop
             if pending is not None:
                 emit(fetch(pending))
                 pending = None
