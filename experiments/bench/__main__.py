@@ -2,9 +2,10 @@
 import sys
 
 from . import __doc__ as DOC
-from . import forward, generate, harness, spec, train, transforms
+from . import device, forward, generate, harness, plan, spec, train, transforms
 
-BENCHMARKS = {"forward": forward, "train": train, "generate": generate, "spec": spec, "transforms": transforms}
+BENCHMARKS = {"forward": forward, "train": train, "generate": generate, "spec": spec, "transforms": transforms,
+              "plan": plan, "device": device}
 
 
 def main(argv=None) -> int:

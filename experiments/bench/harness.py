@@ -8,6 +8,9 @@ atomically and prints the Markdown. Bad options print one `error:` line and exit
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import sys
 import time
 from typing import Any, Callable
@@ -60,6 +63,21 @@ def markdown_table(rows: list[dict], columns: list[str]) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in columns) + " |" for r in rows]
     return "\n".join(lines) + "\n"
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def cpu_worker(module: str, argv: list[str], devices: int) -> Any:
+    """Runs `python -m module argv…` on `devices` virtual CPU devices (the XLA flag must be set before JAX
+    starts, hence a process of its own) and returns the JSON of its last stdout line."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}").strip()
+    out = subprocess.run([sys.executable, "-m", module, *argv], env=env, capture_output=True, text=True, check=False,
+                         cwd=REPO)
+    if out.returncode:
+        raise RuntimeError(f"{module} worker on {devices} devices failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def write_results(out_dir: str, name: str, results: dict, markdown: str) -> None:

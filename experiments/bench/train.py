@@ -11,68 +11,104 @@ overhead, not speed-up).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import os
-import subprocess
 import sys
+from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from zarya_jax.config import ZaryaConfig, preset
+from zarya_jax.config import ModelConfig, ZaryaConfig, preset
 from zarya_jax.model import init_params
 from zarya_jax.objectives.zarya import zarya_objective
 from zarya_jax.train import sharding as shd
 from zarya_jax.train.loop import BATCH_KEYS
 from zarya_jax.train.metrics import peak_flops, train_flops_per_token
+from zarya_jax.train.checkpoints import abstract_like
 from zarya_jax.train.optim import OptimConfig
 from zarya_jax.train.step import (StepCache, build_optimizer, init_state, make_eval_step, make_train_step,
                                   state_shardings)
 
-from .harness import timed
+from .harness import cpu_worker, timed
+
+
+def model_config(preset_name: str, **changes) -> ModelConfig:
+    """A preset with a mask token (the last id, if it has none) and `changes` (dtype, attention, remat, …)."""
+    cfg = preset(preset_name)
+    mask = cfg.mask_token_id if cfg.mask_token_id is not None else cfg.vocab_size - 1
+    return cfg.replace(mask_token_id=mask, **{k: v for k, v in changes.items() if v is not None})
+
+
+@dataclasses.dataclass
+class StepSetup:
+    """The real sharded train step of `zarya_jax.train.step` (Zarya slotted loss at a fixed slot size, AdamW,
+    fp32 master weights, state donated) for one model on one mesh, built without allocating anything.
+
+    step(state, None, batch) -> (state, metrics); abstract_state and abstract_batch(rows, length) are
+    ShapeDtypeStructs carrying their shardings (for `step.lower(...)`); init(key) makes a real state."""
+
+    config: ModelConfig
+    mesh: Any
+    step: Callable
+    abstract_state: dict
+    init: Callable
+    forward_passes: float
+
+    def abstract_batch(self, rows: int, length: int) -> dict:
+        sharding = shd.batch_sharding(self.mesh)
+        return {k: jax.ShapeDtypeStruct((rows, length), bool if k == "answer_mask" else jnp.int32, sharding=sharding)
+                for k in BATCH_KEYS}
+
+
+def step_setup(cfg: ModelConfig, mesh, slot_size: int = 8, seed: int = 0) -> StepSetup:
+    zc = ZaryaConfig(slot_size_set=(slot_size,), slot_step_borders=(1.0,))
+    oc = OptimConfig(lr=1e-4, warmup_steps=0)
+    objective = zarya_objective(cfg, zc)
+    key = jax.random.PRNGKey(seed)
+    optimizer, mask = build_optimizer(oc, 1000, jax.eval_shape(lambda k: init_params(cfg, k), key))
+    make_state = lambda k: init_state(init_params(cfg, k), optimizer, k)
+    sh = state_shardings(jax.eval_shape(make_state, key), optimizer, mesh)
+    steps = StepCache(make_train_step(objective, optimizer, oc, 1000, mesh, mask), make_eval_step(objective, 1000, mesh),
+                      sh, None, mesh, BATCH_KEYS)
+    return StepSetup(cfg, mesh, steps.train(slot_size), abstract_like(jax.eval_shape(make_state, key), sh),
+                     lambda k: jax.jit(make_state, out_shardings=sh)(k), objective.forward_passes)
+
+
+def random_batch(cfg: ModelConfig, rows: int, length: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Rows of random tokens, one example each: a quarter prompt, the rest answer."""
+    rng = np.random.default_rng(seed)
+    return {"tokens": rng.integers(0, min(cfg.vocab_size, 256), (rows, length)).astype(np.int32),
+            "segment_ids": np.ones((rows, length), np.int32),
+            "positions": np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length)).copy(),
+            "answer_mask": np.broadcast_to(np.arange(length) >= length // 4, (rows, length)).copy()}
 
 
 def measure(preset_name: str, batch: int, length: int, steps: int, *, mesh=None, dtype: str | None = None,
-            slot_size: int = 8, seed: int = 0) -> dict:
+            slot_size: int = 8, seed: int = 0, attention: str | None = None, remat: bool | None = None) -> dict:
     """Times `steps` train steps (after one compile) of `preset_name`; returns a dict of numbers."""
-    cfg = preset(preset_name)
-    cfg = cfg.replace(mask_token_id=cfg.mask_token_id if cfg.mask_token_id is not None else cfg.vocab_size - 1,
-                      **({"dtype": dtype} if dtype else {}))
-    zc = ZaryaConfig(slot_size_set=(slot_size,), slot_step_borders=(1.0,))
-    oc = OptimConfig(lr=1e-4, warmup_steps=0)
-    mesh = shd.make_mesh(mesh or shd.MeshConfig())
-    objective = zarya_objective(cfg, zc)
-    key = jax.random.PRNGKey(seed)
-    abstract = jax.eval_shape(lambda k: init_params(cfg, k), key)
-    optimizer, mask = build_optimizer(oc, 1000, abstract)
-    abstract_state = jax.eval_shape(lambda k: init_state(init_params(cfg, k), optimizer, k), key)
-    sh = state_shardings(abstract_state, optimizer, mesh)
-    state = jax.jit(lambda k: init_state(init_params(cfg, k), optimizer, k), out_shardings=sh)(key)
-    steps_cache = StepCache(make_train_step(objective, optimizer, oc, 1000, mesh, mask), make_eval_step(objective, 1000),
-                            sh, None, mesh, BATCH_KEYS)
-    rng = np.random.default_rng(seed)
-    prompt = length // 4
-    local = {"tokens": rng.integers(0, min(cfg.vocab_size, 256), (batch, length)).astype(np.int32),
-             "segment_ids": np.ones((batch, length), np.int32),
-             "positions": np.broadcast_to(np.arange(length, dtype=np.int32), (batch, length)).copy(),
-             "answer_mask": np.broadcast_to(np.arange(length) >= prompt, (batch, length)).copy()}
-    data = shd.global_batch(local, mesh)
-    fn = steps_cache.train(slot_size)
+    cfg = model_config(preset_name, dtype=dtype, attention=attention, remat=remat)
+    setup = step_setup(cfg, shd.make_mesh(mesh or shd.MeshConfig()), slot_size, seed)
+    mesh = setup.mesh
+    state = setup.init(jax.random.PRNGKey(seed))
+    data = shd.global_batch(random_batch(cfg, batch, length, seed), mesh)
 
     def run_steps(n):
         nonlocal state
         for _ in range(n):
-            state, m = fn(state, None, data)
+            state, m = setup.step(state, None, data)
         return jax.block_until_ready(m)
 
     _, compile_s = timed(lambda: run_steps(1))
     m, total_s = timed(lambda: run_steps(steps))
     step_s = total_s / steps
     tokens = batch * length
-    flops = train_flops_per_token(cfg, length, objective.forward_passes) * tokens
+    flops = train_flops_per_token(cfg, length, setup.forward_passes) * tokens
     peak, note = peak_flops(mesh.devices.flatten().tolist())
     return {"preset": preset_name, "params_m": cfg.num_params() / 1e6, "dtype": cfg.dtype, "batch": batch,
             "length": length, "devices": int(mesh.devices.size), "mesh": dict(mesh.shape),
+            "attention": cfg.attention, "remat": cfg.remat,
             "compile_s": compile_s, "step_s": step_s, "tokens_per_s": tokens / step_s,
             "model_tflops_per_s": flops / step_s / 1e12, "mfu": flops / step_s / peak, "peak_note": note,
             "loss": float(m["loss"])}
@@ -80,17 +116,10 @@ def measure(preset_name: str, batch: int, length: int, steps: int, *, mesh=None,
 
 def scaling(preset_name: str, batch: int, length: int, steps: int, device_counts, mode: str = "data") -> list[dict]:
     """Step time on 1…8 virtual CPU devices (data-parallel, fsdp or tensor mesh), in a subprocess."""
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={max(device_counts)}").strip()
-    env["JAX_PLATFORMS"] = "cpu"
-    cmd = [sys.executable, "-m", "experiments.bench.train", "--worker", "--presets", preset_name, "--batch", str(batch),
-           "--length", str(length), "--steps", str(steps), "--scaling", ",".join(map(str, device_counts)),
-           "--mode", mode]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False,
-                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    if out.returncode:
-        raise RuntimeError(f"scaling worker failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return cpu_worker("experiments.bench.train", ["--worker", "--presets", preset_name, "--batch", str(batch),
+                                                  "--length", str(length), "--steps", str(steps), "--scaling",
+                                                  ",".join(map(str, device_counts)), "--mode", mode],
+                      max(device_counts))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,4 +1,5 @@
-"""Metrics: JSONL + TensorBoard writers and the model-FLOPs-utilisation (MFU) estimate."""
+"""Metrics: JSONL + TensorBoard writers, the model-FLOPs-utilisation (MFU) estimate, and the device tables
+(bf16 peak FLOP/s, HBM bandwidth) that MFU and the decode roofline are measured against."""
 from __future__ import annotations
 
 import json
@@ -17,6 +18,36 @@ PEAK_FLOPS = (
     ("B200", 2250e12), ("H200", 989e12), ("H100", 989e12), ("GH200", 989e12), ("A100", 312e12),
     ("L40S", 362e12), ("L4", 121e12), ("A10", 125e12), ("RTX 4090", 165e12), ("V100", 125e12),
 )
+
+
+# HBM bandwidth in bytes/s per device (vendor data sheets), matched in order as substrings of `device_kind`: the
+# memory roofline of decoding (every weight is read once per forward pass).
+HBM_BANDWIDTH = (
+    ("TPU v6", 1640e9), ("TPU v5p", 2765e9), ("TPU v5 lite", 819e9), ("TPU v5e", 819e9), ("TPU v5", 2765e9),
+    ("TPU v4", 1228e9), ("TPU v3", 900e9),
+    ("B200", 8000e9), ("GH200", 4000e9), ("H200", 4800e9), ("H100 PCIe", 2000e9), ("H100", 3350e9),
+    ("A100-SXM4-80GB", 2039e9), ("A100 80GB", 1935e9), ("A100", 1555e9), ("L40S", 864e9), ("L4", 300e9),
+    ("A10", 600e9), ("RTX 4090", 1008e9), ("V100", 900e9),
+)
+
+
+def _lookup(table, kind: str) -> float | None:
+    for name, value in table:
+        if name.lower() in kind.lower():
+            return value
+    return None
+
+
+def hbm_bandwidth(device=None, override: float = 0.0) -> tuple[float | None, str]:
+    """(bytes/s of one device's memory, how it was obtained); None for a kind not in `HBM_BANDWIDTH`
+    (e.g. a CPU) unless `override` gives it."""
+    device = device or jax.devices()[0]
+    if override > 0:
+        return override, f"given ({override / 1e9:.0f} GB/s)"
+    value = _lookup(HBM_BANDWIDTH, device.device_kind)
+    if value is None:
+        return None, f"unknown memory bandwidth of {device.device_kind!r} (give one)"
+    return value, f"{device.device_kind} {value / 1e9:.0f} GB/s"
 
 
 def _cpu_core_peak() -> float:
@@ -41,9 +72,9 @@ def peak_flops(devices=None, override: float = 0.0) -> tuple[float, str]:
         cores = os.cpu_count() or 1
         per_core = _cpu_core_peak()
         return cores * per_core, f"assumed CPU peak: {cores} cores × {per_core / 1e9:.0f} GFLOP/s (estimate)"
-    for name, peak in PEAK_FLOPS:
-        if name.lower() in kind.lower():
-            return peak * len(devices), f"{kind} bf16 peak {peak / 1e12:.0f} TFLOP/s × {len(devices)}"
+    peak = _lookup(PEAK_FLOPS, kind)
+    if peak is not None:
+        return peak * len(devices), f"{kind} bf16 peak {peak / 1e12:.0f} TFLOP/s × {len(devices)}"
     return math.nan, f"unknown device kind {kind!r}: set train.peak_flops"
 
 

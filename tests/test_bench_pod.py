@@ -1,0 +1,77 @@
+"""`python -m experiments.bench device --smoke` (the one-command accelerator benchmark, on the CPU with the tiny
+preset) and `python -m experiments.bench plan` (ahead-of-time memory/FLOP plan on virtual devices): the
+numbers they report against independent recomputations from the model config."""
+import json
+
+import numpy as np
+import pytest
+
+from experiments.bench.__main__ import main as bench
+from zarya_jax.config import preset
+
+GIB = 1 << 30
+
+
+def _read(out, name):
+    with open(out / f"{name}.json") as f:
+        return json.load(f)
+
+
+def test_device_smoke(tmp_path):
+    bw = 2e10
+    assert bench(["--out", str(tmp_path), "device", "--smoke", "--bandwidth", str(bw)]) == 0
+    r = _read(tmp_path, "device")
+    assert r["smoke"] and r["skipped"] == [] and r["preset"] == "tiny"
+    assert r["train"]["tokens_per_s"] > 0 and 0 < r["train"]["mfu"] < 1 and np.isfinite(r["train"]["loss"])
+    assert [(w["batch"], w["window"]) for w in r["window"]] == [(1, 1), (1, 4), (2, 1), (2, 4)]
+    assert all(w["vs_window_1"] == 1.0 for w in r["window"] if w["window"] == 1)
+    cfg = preset("tiny")  # fp32 in the smoke run
+    for row in r["decode"]:
+        assert row["tokens_per_s"] > 0 and row["new_tokens"] == 8
+        weights = 4 * cfg.num_params()
+        cache = 4 * 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * (row["prompt"] + row["new_tokens"] / 2)
+        expect = row["batch"] * bw / (weights + row["batch"] * cache)
+        np.testing.assert_allclose(row["roofline_tokens_per_s"], expect, rtol=1e-9)
+        np.testing.assert_allclose(row["fraction_of_roofline"], row["tokens_per_s"] / expect, rtol=1e-9)
+
+
+def test_device_time_budget_and_bad_input(tmp_path, capsys):
+    assert bench(["--out", str(tmp_path), "device", "--smoke", "--budget-s", "0"]) == 0
+    r = _read(tmp_path, "device")
+    assert r["skipped"] == ["train", "window", "decode batch 1", "decode batch 2"] and r["decode"] == []
+    assert bench(["--out", str(tmp_path / "bad"), "device", "--seq", "0"]) == 2
+    assert capsys.readouterr().err.startswith("error: --seq=0")
+    assert not (tmp_path / "bad").exists()
+
+
+def test_plan_on_two_virtual_devices(tmp_path, capsys):
+    code = bench(["--out", str(tmp_path), "plan", "--presets", "tiny", "--devices", "2", "--seq", "128",
+                  "--attention", "dense,splash", "--modes", "ar,slotted"])
+    assert code == 0, capsys.readouterr().err
+    r = _read(tmp_path, "plan")
+    cfg = preset("tiny")
+    train = {row["attention"]: row for row in r["train"]}
+    assert set(train) == {"dense", "splash"}
+    for row in train.values():
+        assert row["devices"] == 2 and row["batch"] == 2 and row["temp_gib"] > 0
+        # per device: fp32 master weights and two Adam moments, FSDP-sharded in two (plus the batch and scalars)
+        state = 3 * 4 * cfg.num_params() / 2
+        assert state <= row["args_gib"] * GIB <= 1.2 * state + 4 * 128 * 4 * 2
+        assert 0.5 < row["tflop_per_device"] / row["model_tflop_per_device"] < 4  # remat and the loss on top
+    decode = {row["mode"]: row for row in r["decode"]}
+    assert decode["ar"]["window"] == 1 and decode["slotted"]["window"] == 32  # 64 new tokens in 2 blocks
+    for row in decode.values():
+        rows = 128 + 64
+        np.testing.assert_allclose(row["cache_gib"] * GIB, 2 * cfg.num_layers * 2 * rows * cfg.num_kv_heads
+                                   * cfg.head_dim * 4 / 2)
+        assert row["total_gib"] * GIB >= row["cache_gib"] * GIB
+    assert "| tiny | 2 |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [(["--attention", "flash"], "attention='flash'"),
+                                           (["--modes", "beam"], "--modes ['beam']"),
+                                           (["--mesh", "2,x,1"], "--mesh '2,x,1'")])
+def test_plan_bad_input(tmp_path, capsys, argv, message):
+    assert bench(["--out", str(tmp_path), "plan", "--presets", "tiny", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and not (tmp_path / "plan.json").exists()
