@@ -19,6 +19,7 @@ import pytest
 from experiments import train as train_cli
 from zarya_jax import checkpoint
 from zarya_jax.data import pipeline as D
+from zarya_jax.eval.tasks import write_jsonl
 from zarya_jax.train.metrics import read_metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,13 +59,10 @@ def _launch(commands: list[list[str]], cache: str) -> list[tuple[int, str, str]]
 
 @pytest.fixture(scope="module")
 def data_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("mh") / "train.jsonl"
-    rng = np.random.default_rng(0)
-    with open(path, "w") as f:
-        for _ in range(48):
-            a, b = rng.integers(0, 500, 2)
-            f.write(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n")
-    return str(path)
+    path = str(tmp_path_factory.mktemp("mh") / "train.jsonl")
+    pairs = np.random.default_rng(0).integers(0, 500, (48, 2))
+    write_jsonl(path, [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in pairs])
+    return path
 
 
 def test_two_processes_match_one_and_stop_together(tmp_path, data_file, compile_cache):

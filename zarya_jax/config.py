@@ -18,7 +18,7 @@ ATTENTION_BACKENDS = ("auto", "dense", "dot_product", "splash")
 # `ModelConfig.remat_policy`: what a rematerialised layer keeps from its forward pass (`nn.model`).
 REMAT_POLICIES = ("full", "dots", "qkv")
 # ModelConfig fields that say how to compute, not what the model is (`ModelConfig.with_runtime_of`).
-RUNTIME_FIELDS = ("dtype", "remat", "remat_policy", "attention")
+RUNTIME_FIELDS = ("dtype", "remat", "remat_policy", "attention", "scan_unroll")
 
 
 class ConfigError(ValueError):
@@ -33,6 +33,8 @@ class ModelConfig:
     one of `ATTENTION_BACKENDS`, see `zarya_jax.nn.attention`. `remat` recomputes each layer in the
     backward pass; `remat_policy` says what it keeps: `full` nothing, `dots` the weight matmuls' outputs
     (attention and elementwise ops are recomputed), `qkv` the post-RoPE q/k/v and the attention output.
+    `scan_unroll`: layers per iteration of the layer scan (`num_layers` = fully unrolled: longer compiles,
+    sometimes faster steps; the params are stacked either way).
     """
 
     vocab_size: int
@@ -54,10 +56,11 @@ class ModelConfig:
     remat: bool = False
     remat_policy: str = "full"
     attention: str = "auto"
+    scan_unroll: int = 1
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                     "num_kv_heads", "head_dim", "max_position_embeddings"):
+                     "num_kv_heads", "head_dim", "max_position_embeddings", "scan_unroll"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"ModelConfig.{name}={value!r}: expected a positive integer")

@@ -16,7 +16,9 @@ For each device count N, in a process of its own with N virtual CPU devices
 
 and reports, per device, `memory_analysis()` (arguments, temporaries, and the total arguments + outputs −
 aliased (donated) + temporaries) and `cost_analysis()` FLOPs next to the model FLOPs
-(`train.metrics.train_flops_per_token`).
+(`train.metrics.train_flops_per_token`). XLA's cost analysis counts a loop body once, so the scanned
+layer stack is counted from two more compiles of the same program with 1 layer and with 2 unrolled
+layers: F = F(1) + (L − 1)·(F(2) − F(1)).
 
 What the numbers are: XLA's CPU buffer assignment and cost model for the per-device program. An
 accelerator's compiler fuses and schedules differently, so read them as the size of the problem (which
@@ -64,46 +66,60 @@ def flops(compiled) -> float:
     return float(cost.get("flops", float("nan")))
 
 
-def _compile(fn, *args):
-    t0 = time.perf_counter()
-    compiled = fn.lower(*args).compile()
-    return compiled, time.perf_counter() - t0
+def scanned_flops(compile_for, cfg) -> float:
+    """FLOPs of the program `compile_for(model config)` with all `cfg.num_layers` layers counted (module doc)."""
+    one = flops(compile_for(cfg.replace(num_layers=1)))
+    two = flops(compile_for(cfg.replace(num_layers=2, scan_unroll=2)))
+    return one + (cfg.num_layers - 1) * (two - one)
 
 
 def train_row(preset_name: str, mesh, seq: int, rows: int, attention: str, remat: bool) -> dict:
     cfg = model_config(preset_name, attention=attention, remat=remat)
-    setup = step_setup(cfg, mesh)
-    compiled, seconds = _compile(setup.step, setup.abstract_state, None, setup.abstract_batch(rows, seq))
-    model = train_flops_per_token(cfg, seq, setup.forward_passes) * rows * seq / mesh.devices.size
+
+    def compile_for(c):
+        setup = step_setup(c, mesh)
+        return setup.step.lower(setup.abstract_state, None, setup.abstract_batch(rows, seq)).compile()
+
+    t0 = time.perf_counter()
+    compiled = compile_for(cfg)
+    seconds = time.perf_counter() - t0
+    model = train_flops_per_token(cfg, seq, 1.0) * rows * seq / mesh.devices.size
     return {"preset": preset_name, "devices": int(mesh.devices.size), "seq": seq, "batch": rows, "attention": attention,
-            "remat": remat, "dtype": cfg.dtype, **memory(compiled), "tflop_per_device": flops(compiled) / 1e12,
-            "model_tflop_per_device": model / 1e12, "compile_s": seconds}
+            "remat": remat, "dtype": cfg.dtype, **memory(compiled),
+            "tflop_per_device": scanned_flops(compile_for, cfg) / 1e12, "model_tflop_per_device": model / 1e12,
+            "compile_s": seconds}
+
+
+def _sharded(tree, shardings):
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
 def decode_row(preset_name: str, mesh, seq: int, rows: int, mode: str) -> dict:
     cfg = model_config(preset_name)
     gcfg = GenerationConfig(mode=mode, drafter="self" if mode == "spec" else "lora")
     window, cache_len = passes.window_rows(gcfg), passes.cache_rows(gcfg, seq)
-    params = jax.eval_shape(lambda k: model_lib.init_params(cfg.replace(param_dtype=cfg.dtype), k),
-                            jax.random.PRNGKey(0))
-    params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), params,
-                          shd.tree_shardings(params, mesh))
-    cache = jax.eval_shape(lambda: kv_cache.init(cfg, rows, cache_len))
-    cache_sh = {"k": jax.sharding.NamedSharding(mesh, spec_for(cache["k"].shape, CACHE_AXES, mesh)),
-                "length": jax.sharding.NamedSharding(mesh, spec_for((rows,), ("batch",), mesh))}
-    cache_sh["v"] = cache_sh["k"]
-    cache = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=cache_sh[k]) for k, v in cache.items()}
-    rows_sh = jax.sharding.NamedSharding(mesh, spec_for((rows, window), ("batch", None), mesh))
-    window_in = jax.ShapeDtypeStruct((rows, window), jnp.int32, sharding=rows_sh)
-    fn = jax.jit(passes.cached_pass, static_argnames=("config",), donate_argnames=("cache",),
-                 out_shardings=(jax.sharding.NamedSharding(mesh, spec_for((rows, window, cfg.vocab_size),
-                                                                           ("batch", None, "vocab"), mesh)), cache_sh))
+    named = lambda shape, axes: jax.sharding.NamedSharding(mesh, spec_for(shape, axes, mesh))
+    window_in = jax.ShapeDtypeStruct((rows, window), jnp.int32, sharding=named((rows, window), ("batch", None)))
+    logits_sh = named((rows, window, cfg.vocab_size), ("batch", None, "vocab"))
+
+    def compile_for(c):
+        params = jax.eval_shape(lambda k: model_lib.init_params(c.replace(param_dtype=c.dtype), k),
+                                jax.random.PRNGKey(0))
+        cache = jax.eval_shape(lambda: kv_cache.init(c, rows, cache_len))
+        cache_sh = {"k": named(cache["k"].shape, CACHE_AXES), "v": named(cache["v"].shape, CACHE_AXES),
+                    "length": named((rows,), ("batch",))}
+        fn = jax.jit(passes.cached_pass, static_argnames=("config",), donate_argnames=("cache",),
+                     out_shardings=(logits_sh, cache_sh))
+        return fn.lower(_sharded(params, shd.tree_shardings(params, mesh)), _sharded(cache, cache_sh), window_in,
+                        window_in, config=c).compile()
+
     t0 = time.perf_counter()
-    compiled = fn.lower(params, cache, window_in, window_in, config=cfg).compile()
+    compiled = compile_for(cfg)
+    seconds = time.perf_counter() - t0
+    cache_bytes = kv_cache.nbytes(jax.eval_shape(lambda: kv_cache.init(cfg, rows, cache_len)))
     return {"preset": preset_name, "devices": int(mesh.devices.size), "batch": rows, "mode": mode, "window": window,
-            "cache_rows": cache_len, "cache_gib": 2 * cache["k"].size * cache["k"].dtype.itemsize
-            / mesh.devices.size / GIB, **memory(compiled), "gflop_per_device": flops(compiled) / 1e9,
-            "compile_s": time.perf_counter() - t0}
+            "cache_rows": cache_len, "cache_gib": cache_bytes / mesh.devices.size / GIB, **memory(compiled),
+            "gflop_per_device": scanned_flops(compile_for, cfg) / 1e9, "compile_s": seconds}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

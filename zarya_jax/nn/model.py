@@ -191,7 +191,7 @@ class Qwen3(nn.Module):
             block = nn.remat(Block, prevent_cse=False, policy=_REMAT_POLICIES[c.remat_policy])
         scanned = nn.scan(block, variable_axes={"params": 0, "lora": 0},
                           split_rngs={"params": True, "lora": True},
-                          in_axes=(0,) + (nn.broadcast,) * 5, length=c.num_layers)
+                          in_axes=(0,) + (nn.broadcast,) * 5, length=c.num_layers, unroll=c.scan_unroll)
         x, window_kv = scanned(c, self.lora, name="layers")(x, layer_caches, positions, window_mask, segment_ids,
                                                            cache_mask, gate)
         x = RMSNorm(c.rms_norm_eps, c.jnp_param_dtype, name="final_norm")(x)
