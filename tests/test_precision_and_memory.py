@@ -89,7 +89,7 @@ def _prefilled(params, cache_dtype, tokens, n):
 @pytest.mark.parametrize("cache_dtype", ["auto", "bfloat16"])
 def test_decode_pass_donates_its_cache_and_matches_a_full_forward(params, cache_dtype):
     tokens = jnp.asarray(synthetic_tokens(np.random.default_rng(1), 2, 24))
-    full = forward(params, CFG, tokens)  # the reference: no cache, fp32
+    full = jax.jit(forward, static_argnums=1)(params, CFG, tokens)  # the reference: no cache, fp32
     cache = _prefilled(params, cache_dtype, tokens, 16)
     assert cache["k"].dtype == (jnp.float32 if cache_dtype == "auto" else jnp.bfloat16)
     window = jnp.broadcast_to(16 + jnp.arange(8, dtype=jnp.int32), (2, 8))

@@ -42,7 +42,7 @@ from zarya_jax.train.metrics import hbm_bandwidth
 from .harness import csv_ints, markdown_table
 from .train import measure, model_config
 
-SMOKE = {"preset": "tiny", "seq": 128, "train_batch": 4, "steps": 2, "windows": [1, 4], "batches": [1, 2],
+SMOKE = {"preset": "tiny", "seq": 128, "train_batch": 4, "steps": 2, "windows": [1, 4], "batches": [2],
          "context": 32, "new_tokens": 8, "repeats": 1, "dtype": "float32"}
 
 

@@ -18,7 +18,7 @@ and reports, per device, `memory_analysis()` (arguments, temporaries, and the to
 aliased (donated) + temporaries) and `cost_analysis()` FLOPs next to the model FLOPs
 (`train.metrics.train_flops_per_token`). XLA's cost analysis counts a loop body once, so the scanned
 layer stack is counted from two more compiles of the same program with 1 layer and with 2 unrolled
-layers: F = F(1) + (L − 1)·(F(2) − F(1)).
+layers: F = F(1) + (L − 1)·(F(2) − F(1)); a stack of at most 2 layers is compiled unrolled instead.
 
 What the numbers are: XLA's CPU buffer assignment and cost model for the per-device program. An
 accelerator's compiler fuses and schedules differently, so read them as the size of the problem (which
@@ -66,11 +66,19 @@ def flops(compiled) -> float:
     return float(cost.get("flops", float("nan")))
 
 
-def scanned_flops(compile_for, cfg) -> float:
-    """FLOPs of the program `compile_for(model config)` with all `cfg.num_layers` layers counted (module doc)."""
+def compile_and_count(compile_for, cfg) -> tuple[object, float, float]:
+    """(the program `compile_for(cfg)` compiled, its compile seconds, its FLOPs with every one of the
+    `cfg.num_layers` scanned layers counted — see the module doc)."""
+    if cfg.num_layers <= 2:
+        cfg = cfg.replace(scan_unroll=cfg.num_layers)
+    t0 = time.perf_counter()
+    compiled = compile_for(cfg)
+    seconds = time.perf_counter() - t0
+    if cfg.num_layers <= 2:
+        return compiled, seconds, flops(compiled)
     one = flops(compile_for(cfg.replace(num_layers=1)))
     two = flops(compile_for(cfg.replace(num_layers=2, scan_unroll=2)))
-    return one + (cfg.num_layers - 1) * (two - one)
+    return compiled, seconds, one + (cfg.num_layers - 1) * (two - one)
 
 
 def train_row(preset_name: str, mesh, seq: int, rows: int, attention: str, remat: bool) -> dict:
@@ -80,14 +88,11 @@ def train_row(preset_name: str, mesh, seq: int, rows: int, attention: str, remat
         setup = step_setup(c, mesh)
         return setup.step.lower(setup.abstract_state, None, setup.abstract_batch(rows, seq)).compile()
 
-    t0 = time.perf_counter()
-    compiled = compile_for(cfg)
-    seconds = time.perf_counter() - t0
+    compiled, seconds, count = compile_and_count(compile_for, cfg)
     model = train_flops_per_token(cfg, seq, 1.0) * rows * seq / mesh.devices.size
     return {"preset": preset_name, "devices": int(mesh.devices.size), "seq": seq, "batch": rows, "attention": attention,
-            "remat": remat, "dtype": cfg.dtype, **memory(compiled),
-            "tflop_per_device": scanned_flops(compile_for, cfg) / 1e12, "model_tflop_per_device": model / 1e12,
-            "compile_s": seconds}
+            "remat": remat, "dtype": cfg.dtype, **memory(compiled), "tflop_per_device": count / 1e12,
+            "model_tflop_per_device": model / 1e12, "compile_s": seconds}
 
 
 def _sharded(tree, shardings):
@@ -113,13 +118,11 @@ def decode_row(preset_name: str, mesh, seq: int, rows: int, mode: str) -> dict:
         return fn.lower(_sharded(params, shd.tree_shardings(params, mesh)), _sharded(cache, cache_sh), window_in,
                         window_in, config=c).compile()
 
-    t0 = time.perf_counter()
-    compiled = compile_for(cfg)
-    seconds = time.perf_counter() - t0
+    compiled, seconds, count = compile_and_count(compile_for, cfg)
     cache_bytes = kv_cache.nbytes(jax.eval_shape(lambda: kv_cache.init(cfg, rows, cache_len)))
     return {"preset": preset_name, "devices": int(mesh.devices.size), "batch": rows, "mode": mode, "window": window,
             "cache_rows": cache_len, "cache_gib": cache_bytes / mesh.devices.size / GIB, **memory(compiled),
-            "gflop_per_device": scanned_flops(compile_for, cfg) / 1e9, "compile_s": seconds}
+            "gflop_per_device": count / 1e9, "compile_s": seconds}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
