@@ -17,8 +17,8 @@ For each device count N, in a process of its own with N virtual CPU devices
 and reports, per device, `memory_analysis()` (arguments, temporaries, and the total arguments + outputs −
 aliased (donated) + temporaries) and `cost_analysis()` FLOPs next to the model FLOPs
 (`train.metrics.train_flops_per_token`). XLA's cost analysis counts a loop body once, so the scanned
-layer stack is counted from two more compiles of the same program with 1 layer and with 2 unrolled
-layers: F = F(1) + (L − 1)·(F(2) − F(1)); a stack of at most 2 layers is compiled unrolled instead.
+layer stack is counted from two more compiles of the same program with 2 and 3 unrolled layers:
+F = F(2) + (L − 2)·(F(3) − F(2)); a stack of at most 3 layers is compiled unrolled instead.
 
 What the numbers are: XLA's CPU buffer assignment and cost model for the per-device program. An
 accelerator's compiler fuses and schedules differently, so read them as the size of the problem (which
@@ -69,16 +69,17 @@ def flops(compiled) -> float:
 def compile_and_count(compile_for, cfg) -> tuple[object, float, float]:
     """(the program `compile_for(cfg)` compiled, its compile seconds, its FLOPs with every one of the
     `cfg.num_layers` scanned layers counted — see the module doc)."""
-    if cfg.num_layers <= 2:
+    small = cfg.num_layers <= 3
+    if small:
         cfg = cfg.replace(scan_unroll=cfg.num_layers)
     t0 = time.perf_counter()
     compiled = compile_for(cfg)
     seconds = time.perf_counter() - t0
-    if cfg.num_layers <= 2:
+    if small:
         return compiled, seconds, flops(compiled)
-    one = flops(compile_for(cfg.replace(num_layers=1)))
     two = flops(compile_for(cfg.replace(num_layers=2, scan_unroll=2)))
-    return compiled, seconds, one + (cfg.num_layers - 1) * (two - one)
+    three = flops(compile_for(cfg.replace(num_layers=3, scan_unroll=3)))
+    return compiled, seconds, two + (cfg.num_layers - 2) * (three - two)
 
 
 def train_row(preset_name: str, mesh, seq: int, rows: int, attention: str, remat: bool) -> dict:
