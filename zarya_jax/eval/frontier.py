@@ -35,7 +35,7 @@ class FrontierConfig:
 
     slotted_slot_size: tuple[int, ...] = (4, 8)
     slotted_serial_num_blocks: tuple[int, ...] = (0, 1, 2)
-    slotted_slot_threshold: tuple[float, ...] = (0.5, 0.9)
+    slotted_slot_threshold: tuple[float, ...] = (0.9,)
     slotted_token_threshold: tuple[float, ...] = (0.3, 0.5, 0.7, 0.9)
     slotted_corrections: tuple[str, ...] = ("refusion", "infill", "both")
     mdm_steps: tuple[int, ...] = (0, 8, 16)
