@@ -3,7 +3,8 @@
 Layout of a checkpoint directory:
 
     CKPT/params/       Orbax PyTree checkpoint (OCDBT) of the params pytree (see `nn/model.py`)
-    CKPT/config.json   {"format": ..., "model": ModelConfig fields, "zarya": ZaryaConfig fields or null}
+    CKPT/config.json   {"format": ..., "model": ModelConfig fields, "zarya": ZaryaConfig fields or null,
+                        "prompt": PromptFormat fields (how the training data was rendered) or absent}
     CKPT/tokenizer/    optional tokenizer files (`zarya_jax.data.tokenizer.load_tokenizer` reads them)
 
 Saving is atomic: everything is written into a hidden sibling directory that is renamed into place
@@ -23,7 +24,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 from orbax.checkpoint import type_handlers
 
-from ..config import ModelConfig, ZaryaConfig, model_config_from_dict, to_dict
+from ..config import ModelConfig, PromptFormat, ZaryaConfig, model_config_from_dict, to_dict
 from ..files import replace_directory
 from . import hf_params
 
@@ -56,12 +57,14 @@ def _sync(name: str) -> None:
 
 
 def save(path: str | os.PathLike, params: Any, config: ModelConfig, zarya_config: ZaryaConfig | None = None,
-         *, overwrite: bool = False, tokenizer: Any = None) -> str:
+         *, overwrite: bool = False, tokenizer: Any = None, prompt_format: PromptFormat | None = None) -> str:
     """Writes params (numpy or jax arrays, any sharding) and configs to `path`; returns the absolute path.
 
     tokenizer: None, a directory whose files are copied, or an object with `.save(directory)`
-    (`zarya_jax.data.tokenizer.ByteTokenizer` / `HFTokenizer`). Raises FileExistsError if `path` exists
-    and `overwrite` is false. Every process of a multi-host run must call it.
+    (`zarya_jax.data.tokenizer.ByteTokenizer` / `HFTokenizer`). prompt_format: how the model's training
+    records were rendered (`zarya_jax.data.render`), for evaluation and generation to render alike.
+    Raises FileExistsError if `path` exists and `overwrite` is false. Every process of a multi-host run
+    must call it.
     """
     path = os.path.abspath(os.fspath(path))
     if os.path.exists(path) and not overwrite:
@@ -85,6 +88,8 @@ def save(path: str | os.PathLike, params: Any, config: ModelConfig, zarya_config
         if primary:
             meta = {"format": FORMAT, "model": to_dict(config),
                     "zarya": None if zarya_config is None else to_dict(zarya_config)}
+            if prompt_format is not None:
+                meta["prompt"] = to_dict(prompt_format)
             with open(os.path.join(tmp, CONFIG_FILE), "w") as f:
                 json.dump(meta, f, indent=2, sort_keys=True)
             if tokenizer is not None:
@@ -128,6 +133,16 @@ def load_zarya_config(path: str | os.PathLike) -> ZaryaConfig | None:
     """The Zarya hyperparameters stored with the checkpoint, or None if it has none."""
     zarya = _read_meta(os.path.abspath(os.fspath(path)))["zarya"]
     return None if zarya is None else ZaryaConfig(**zarya)
+
+
+def load_prompt_format(path: str | os.PathLike) -> PromptFormat | None:
+    """How the checkpoint's training records were rendered, or None if it does not say (e.g. a converted
+    Hugging Face model: render with the default `PromptFormat()`)."""
+    prompt = _read_meta(os.path.abspath(os.fspath(path))).get("prompt")
+    try:
+        return None if prompt is None else PromptFormat(**prompt)
+    except TypeError as e:
+        raise ValueError(f"checkpoint {os.fspath(path)!r}: bad prompt format {prompt!r}: {e}") from None
 
 
 def tokenizer_dir(path: str | os.PathLike) -> str | None:

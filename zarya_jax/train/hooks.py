@@ -191,13 +191,14 @@ class Checkpointer(Hook):
 
 
 class Export(Hook):
-    """When the run completed: `export(params, WORKDIR/final, tokenizer)` (an objective's model export);
-    the summary's `final_params` is the written path."""
+    """When the run completed: `export(params, WORKDIR/final, tokenizer, prompt_format)` (an objective's
+    model export, recording how the data was rendered); the summary's `final_params` is the written path."""
 
-    def __init__(self, export: Callable[[Any, str, Any], str], workdir: str, tokenizer):
-        self.export, self.workdir, self.tokenizer = export, workdir, tokenizer
+    def __init__(self, export: Callable[[Any, str, Any, Any], str], workdir: str, tokenizer, prompt_format):
+        self.export, self.workdir, self.tokenizer, self.prompt_format = export, workdir, tokenizer, prompt_format
 
     def on_end(self, state: dict, summary: dict) -> None:
         if summary["status"] == "completed":
-            path = self.export(state["params"], os.path.join(self.workdir, "final"), self.tokenizer)
+            path = self.export(state["params"], os.path.join(self.workdir, "final"), self.tokenizer,
+                               self.prompt_format)
             summary["final_params"] = os.path.abspath(path)

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..config import ConfigError, ModelConfig
+from ..config import ConfigError, ModelConfig, PromptFormat
 from ..data import pipeline as data_lib
 from ..data.tokenizer import load_tokenizer
 from ..files import atomic_write_json
@@ -268,7 +268,8 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
         _evaluator(setup, steps, frozen, total), logger,
         ProgressBar(total, start, logger) if run.train.progress_bar and jax.process_index() == 0 else None,
         saver,
-        Export(objective.export, workdir, setup.tokenizer) if run.train.export_final and objective.export else None,
+        Export(objective.export, workdir, setup.tokenizer, PromptFormat.of(run.data))
+        if run.train.export_final and objective.export else None,
     ) if h is not None] + list(hooks)
 
     summary: dict[str, Any] = {"status": "completed", "workdir": os.path.abspath(workdir), "start_step": start,
