@@ -170,8 +170,11 @@ class TrainingInterrupted(KeyboardInterrupt):
 
 
 def train_model(config: PipelineConfig, train_file: str, eval_file: str, workdir: str, hooks=()) -> dict:
-    """Trains (resuming if `workdir/train` holds a checkpoint of the same run) and returns the summary."""
+    """Trains (resuming if `workdir/train` holds a checkpoint of the same run) and returns the summary.
+    The run's tracker name (`train.tracker_run`) defaults to the workdir's name."""
     run = run_config(config, train_file, eval_file)
+    if not run.train.tracker_run:
+        run = run.replace(train=dataclasses.replace(run.train, tracker_run=os.path.basename(os.path.abspath(workdir))))
     t0 = time.perf_counter()
     summary = train(run, os.path.join(workdir, "train"), hooks=hooks)
     summary["wall_s"] = time.perf_counter() - t0

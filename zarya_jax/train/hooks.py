@@ -82,14 +82,15 @@ class OnStep(Hook):
 
 
 class MetricsLogger(Hook):
-    """Every `log_every` steps (and at the last): a row of WORKDIR/metrics.jsonl (+ TensorBoard) with
+    """Every `log_every` steps (and at the last): a row of WORKDIR/metrics.jsonl (+ TensorBoard and the
+    experiment tracker, `tracker`: a function opening it, see `MetricsLog`) with
     the interval's mean loss, throughput and MFU estimate, the step's other metrics and its eval loss;
     an eval loss at another step gets a row of its own. Summary: tokens/s and MFU over the run, the
     first logged interval (compilation) excluded."""
 
     def __init__(self, workdir: str, start_step: int, log_every: int, rows_per_step: int, seq_len: int,
-                 flops_per_token: float, peak_flops: float):
-        self.log = MetricsLog(workdir, start_step)
+                 flops_per_token: float, peak_flops: float, tracker=None):
+        self.log = MetricsLog(workdir, start_step, tracker=tracker)
         self.start, self.log_every = start_step, log_every
         self.rows_per_step, self.seq_len = rows_per_step, seq_len
         self.flops_per_token, self.peak = flops_per_token, peak_flops
