@@ -54,9 +54,11 @@ class HFTokenizer:
     def decode(self, ids) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
 
-    def chat_prompt(self, messages: list[dict], **template_kwargs) -> str:
-        """The chat template over `messages` with the generation prompt (the assistant turn's opening)."""
-        return self._tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **template_kwargs)
+    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True, **template_kwargs) -> str:
+        """The chat template over `messages`, by default with the generation prompt (the assistant turn's
+        opening)."""
+        return self._tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                             **template_kwargs)
 
     def save(self, directory: str) -> None:
         self._tok.save_pretrained(directory)
