@@ -73,6 +73,8 @@ def test_loglikelihoods_match_a_direct_computation(setup):
     for (context, continuation), (logprob, greedy) in zip(pairs, got):
         want, want_greedy = direct(setup["params"], prompt(context), TOK.encode(continuation))
         assert logprob == pytest.approx(want, abs=1e-4) and greedy == want_greedy
+    with pytest.raises(ValueError, match="pass render=false"):  # lm-eval's chat template on top of ours: refused
+        lm.apply_chat_template([{"role": "user", "content": "hi"}])
     text = "The rolling loglikelihood of a short text."  # one window: the text predicted from EOS
     (rolling,) = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])
     assert rolling == pytest.approx(direct(setup["params"], [TOK.eos_id], TOK.encode(text))[0], abs=1e-4)
