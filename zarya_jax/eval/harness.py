@@ -25,8 +25,9 @@ Requests:
 - `loglikelihood_rolling(text)`: the raw text (no rendering) in lm-eval's disjoint rolling windows of
   `max_length` tokens, the first predicted from EOS.
 - `generate_until(context, gen_kwargs)`: the rendered context through `zarya_jax.sampling.generate` in
-  `mode`, `max_gen_toks` new tokens, cut at the first `until` string; requests with equal `gen_kwargs`
-  are batched.
+  `mode`, `max_gen_toks` new tokens, cut at the first `until` string; a context longer than
+  `max_length − max_gen_toks` tokens loses tokens from its left; requests with equal `gen_kwargs` are
+  batched.
 """
 from __future__ import annotations
 
@@ -162,7 +163,8 @@ class ZaryaLM(LM):
             until = gen_kwargs.pop("until", None) or []
             until = [until] if isinstance(until, str) else list(until)
             gc = self.generation_config(gen_kwargs)
-            prompts = {i: self.prompt_ids(requests[i].args[0]) for i in indices}
+            keep = max(1, self.max_length - gc.max_new_tokens)  # prompt + generation fit in max_length
+            prompts = {i: self.prompt_ids(requests[i].args[0])[-keep:] for i in indices}
             order = sorted(indices, key=lambda i: len(prompts[i]))  # similar lengths share a prompt bucket
             for start in range(0, len(order), self.batch_size):
                 chunk = order[start:start + self.batch_size]
