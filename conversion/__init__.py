@@ -1,4 +1,5 @@
-"""Hugging Face ⇄ zarya_jax checkpoint converters (`python -m conversion.hf_to_jax` / `jax_to_hf`).
+"""Hugging Face ⇄ zarya_jax checkpoint converters (`python -m conversion.hf_to_jax` / `jax_to_hf`), and
+LoRA drafter adapters ⇄ PEFT adapters (`lora_to_peft` / `peft_to_lora`, tensor names in `peft`).
 
 The tensor-name table lives in `zarya_jax.nn.hf_params`; this package does file handling and CLIs.
 """

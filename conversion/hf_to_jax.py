@@ -4,9 +4,10 @@
                                    [--allow-pickle]
 
 Reads `config.json` and safetensors weights (single file or sharded with
-`model.safetensors.index.json`) without torch, tensor by tensor: each stacked param is preallocated
-once and filled layer by layer, and each safetensors file is opened only for one read so its mapped
-pages are released at once. Peak memory stays near one copy of the (output) weights.
+`model.safetensors.index.json`) without torch, tensor by tensor, and streams them into the checkpoint:
+each param is a `checkpoint.Lazy` leaf, allocated and filled layer by layer only when Orbax writes it
+and released before the next, and each safetensors file is opened only for one read so its mapped
+pages are released at once. Peak memory stays near the largest stacked param plus the imports.
 `--add-mask-token` appends the `<mdm_mask>` row (SPEC §1).
 """
 from __future__ import annotations
@@ -134,35 +135,47 @@ def check_tensors(shapes: dict[str, tuple[int, ...]], config: ModelConfig) -> No
                 f"tensor {name!r} has shape {tuple(shapes[name])}, expected {shape} from config.json")
 
 
-def read_params(source, config: ModelConfig, extra_rows: int = 0) -> dict:
-    """The params pytree as numpy arrays in `config.param_dtype`.
+def read_param(source, config: ModelConfig, e: hf_params.Entry, extra_rows: int = 0) -> np.ndarray:
+    """One param (`e`) as a numpy array in `config.param_dtype`, filled tensor by tensor from `source`.
 
     extra_rows=1 appends the mask token's embedding row (and untied head column), set to the mean of
     the existing ones (SPEC §1).
     """
     dtype = np.dtype(config.jnp_param_dtype)
     v = config.vocab_size
+    arr = np.empty(_shape(config, e, extra_rows), dtype)
+    if e.layered:
+        for i in range(config.num_layers):
+            hf_params.fill(e, source.get(e.hf_name(i)), arr[i], e.hf_name(i))
+    elif e.path == ("embed",):
+        hf_params.fill(e, source.get(e.hf), arr[:v])
+        if extra_rows:
+            arr[v] = arr[:v].mean(axis=0, dtype=np.float64)
+    elif e.path == ("lm_head",):
+        hf_params.fill(e, source.get(e.hf), arr[:, :v])
+        if extra_rows:
+            arr[:, v] = arr[:, :v].mean(axis=1, dtype=np.float64)
+    else:
+        hf_params.fill(e, source.get(e.hf), arr)
+    return arr
+
+
+def _shape(config: ModelConfig, e: hf_params.Entry, extra_rows: int) -> tuple[int, ...]:
+    shape = hf_params.stacked_shape(e, config)
+    if e.path == ("embed",):
+        return (shape[0] + extra_rows,) + shape[1:]
+    if e.path == ("lm_head",):
+        return shape[:1] + (shape[1] + extra_rows,)
+    return shape
+
+
+def lazy_params(source, config: ModelConfig, extra_rows: int = 0) -> dict:
+    """The params pytree of `checkpoint.Lazy` leaves: each param is read from `source` when it is saved."""
     params: dict = {}
+    dtype = np.dtype(config.jnp_param_dtype)
     for e in hf_params.entries(config):
-        shape = hf_params.stacked_shape(e, config)
-        if e.layered:
-            arr = np.empty(shape, dtype)
-            for i in range(config.num_layers):
-                hf_params.fill(e, source.get(e.hf_name(i)), arr[i], e.hf_name(i))
-        elif e.path == ("embed",):
-            arr = np.empty((v + extra_rows,) + shape[1:], dtype)
-            hf_params.fill(e, source.get(e.hf), arr[:v])
-            if extra_rows:
-                arr[v] = arr[:v].mean(axis=0, dtype=np.float64)
-        elif e.path == ("lm_head",):
-            arr = np.empty(shape[:1] + (v + extra_rows,), dtype)
-            hf_params.fill(e, source.get(e.hf), arr[:, :v])
-            if extra_rows:
-                arr[:, v] = arr[:, :v].mean(axis=1, dtype=np.float64)
-        else:
-            arr = np.empty(shape, dtype)
-            hf_params.fill(e, source.get(e.hf), arr)
-        hf_params.set_path(params, e.path, arr)
+        hf_params.set_path(params, e.path, checkpoint.Lazy(
+            _shape(config, e, extra_rows), dtype, lambda e=e: read_param(source, config, e, extra_rows)))
     return params
 
 
@@ -243,7 +256,7 @@ def convert(hf_dir: str, out: str, *, add_mask_token: bool = False, dtype: str |
             tokenizer = tmp
             if extra_rows:
                 add_mask_to_tokenizer(tmp, old_vocab)
-        params = read_params(source, config, extra_rows)
+        params = lazy_params(source, config, extra_rows)
         if extra_rows:
             config = config.replace(vocab_size=old_vocab + 1, mask_token_id=old_vocab)
         checkpoint.save(out, params, config, zarya, tokenizer=tokenizer)

@@ -3,9 +3,12 @@
     python -m experiments.evaluate --ckpt CKPT --data test.jsonl --modes ar,mdm,slotted,spec-self \\
         [--lora ADAPTER --modes spec-lora] [--answer final|regex|exact] [--answer-regex PAT] \\
         [--max-new-tokens 64] [--batch-size 1] [--knob slotted.slot_size=4] [--batch1-examples N] \\
-        [--diagnose [--slot-sizes 2,4,8]] [--out DIR]
+        [--diagnose [--slot-sizes 2,4,8]] [--prompt-key question] [--format FIELD=VALUE] [--out DIR]
 
-Records are `{"prompt", "answer"}` (or chat `{"messages": [...]}` ending with the assistant answer).
+Records are `{"prompt", "answer"}` (other field names with `--prompt-key` / `--answer-key`, e.g. GSM8K's
+`question`) or chat `{"messages": [...]}` ending with the assistant answer. They are rendered exactly as
+the checkpoint's training data was (its recorded prompt format: chat template, system message, prompt
+template; `zarya_jax.data.render`); `--format FIELD=VALUE` changes one field of it.
 Modes: `ar` (autoregressive baseline), `mdm` (mode A, SPEC §5), `slotted` (mode B, SPEC §6),
 `spec-self` (lossless Zarya self-speculation, SPEC §7), `spec-lora` (Uno's LoRA drafter, needs
 `--lora`; sampled with the noise convention it was trained with). `--knob [MODE.]FIELD=VALUE` sets any
@@ -21,14 +24,17 @@ where each mode's outputs first go wrong) to `summary.json` and `summary.md`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
 from zarya_jax import checkpoint
 from zarya_jax import lora as lora_lib
+from zarya_jax import overrides
+from zarya_jax.config import PromptFormat
 from zarya_jax.eval import answers, diagnose
-from zarya_jax.eval.evaluate import (MODES, evaluate, load_tokenizer_for, parse_knobs, parse_modes, summary_markdown,
-                                     write_outputs)
+from zarya_jax.eval.evaluate import (MODES, evaluate, load_tokenizer_for, parse_knobs, parse_modes, prompt_format_for,
+                                     summary_markdown, write_outputs)
 from zarya_jax.eval.tasks import read_jsonl
 from zarya_jax.files import atomic_write
 from zarya_jax.provenance import provenance
@@ -36,6 +42,7 @@ from zarya_jax.provenance import provenance
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m experiments.evaluate", description=__doc__,
+                                epilog=overrides.help_table(overrides.keys(PromptFormat), "--format"),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", required=True, help="checkpoint directory (zarya_jax.checkpoint.save format)")
     p.add_argument("--data", required=True, help="JSONL of {prompt, answer} or {messages} records")
@@ -54,8 +61,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--diagnose", action="store_true", help="add each head's teacher-forced accuracy and each "
                    "mode's first errors to the summary")
     p.add_argument("--slot-sizes", default="2,4,8", help="slot sizes of the --diagnose teacher-forced MDM accuracy")
+    add_format_arguments(p)
     p.add_argument("--out", default=None, help="output directory (default: <ckpt>_eval)")
     return p
+
+
+def add_format_arguments(p: argparse.ArgumentParser) -> None:
+    """`--prompt-key`, `--answer-key` and `--format FIELD=VALUE`: changes to the checkpoint's prompt format."""
+    p.add_argument("--prompt-key", default=None, help="record field holding the prompt (default: the checkpoint's, "
+                   "else 'prompt'), e.g. question")
+    p.add_argument("--answer-key", default=None, help="record field holding the reference answer (default: 'answer')")
+    p.add_argument("--format", dest="format", action="append", default=[], metavar="FIELD=VALUE",
+                   help="a PromptFormat field (" + ", ".join(f.name for f in dataclasses.fields(PromptFormat))
+                   + "), e.g. chat_template=false (repeatable)")
+
+
+def format_overrides(args) -> list[str]:
+    """The `--format` items, with `--prompt-key` / `--answer-key` as two more."""
+    keys = [f"{name}={value}" for name, value in (("prompt_key", args.prompt_key), ("answer_key", args.answer_key))
+            if value is not None]
+    return list(args.format) + keys
 
 
 def main(argv=None) -> int:
@@ -77,7 +102,8 @@ def main(argv=None) -> int:
             raise ValueError(f"--slot-sizes {args.slot_sizes!r}: expected comma-separated integers ≥ 1, e.g. 2,4,8")
         if not os.path.exists(args.ckpt):
             raise ValueError(f"--ckpt {args.ckpt!r} does not exist")
-        records = read_jsonl(args.data)
+        fmt = prompt_format_for(args.ckpt, format_overrides(args))
+        records = read_jsonl(args.data, fmt)
         if args.limit is not None:
             records = records[: args.limit]
         params, config = checkpoint.load(args.ckpt)
@@ -91,15 +117,15 @@ def main(argv=None) -> int:
                                         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                                         knobs=knobs, method=args.answer, pattern=args.answer_regex,
                                         lora_params=lora_params, lora=lora_cfg, seed=args.seed,
-                                        batch1_examples=args.batch1_examples)
-        diag = (diagnose.analyse(params, config, tokenizer, records, summary, predictions, slot_sizes)
+                                        batch1_examples=args.batch1_examples, prompt_format=fmt)
+        diag = (diagnose.analyse(params, config, tokenizer, records, summary, predictions, slot_sizes, fmt)
                 if args.diagnose else None)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = args.out or os.path.join(args.ckpt.rstrip("/") + "_eval")
     extra = {"ckpt": os.path.abspath(args.ckpt), "data": os.path.abspath(args.data), "arguments": vars(args),
-             "provenance": provenance()}
+             "prompt_format": overrides.to_dict(fmt), "provenance": provenance()}
     if diag is not None:
         extra["diagnostics"] = diag
     write_outputs(out, summary, predictions, extra)

@@ -5,12 +5,14 @@
         --set temperature=0.7 --set top_p=0.9
 
 Prompts: `--prompt` (repeatable) or `--prompts-file` (one prompt per line; `.jsonl` files hold
-objects with a "prompt" field). Tokenizer: the checkpoint's own (CKPT/tokenizer/) if present, else
+objects with a "prompt" field, or the field named by `--prompt-key`). Each prompt is rendered as the
+checkpoint's training prompts were (its recorded prompt format: chat template, system message, prompt
+template; `zarya_jax.data.render`; `--format FIELD=VALUE` changes a field). Tokenizer: the checkpoint's own (CKPT/tokenizer/) if present, else
 `--tokenizer DIR`, else the byte tokenizer. Every `GenerationConfig` field is a knob: `--set FIELD=VALUE`
 (YAML values; list below); `--mode` and `--max-new-tokens` are shorthands for two of them. Prompts run
 in batches of `--batch-size`; the text of each row is printed as soon as its batch finishes.
-`--output F.jsonl` also writes one record per prompt (written to a temporary file, renamed when
-complete). A LoRA drafter (`--lora DIR`) is sampled with the noise convention it was trained with. Bad
+`--output F.jsonl` also writes one record per prompt, with the prompt's token ids as rendered (written
+to a temporary file, renamed when complete). A LoRA drafter (`--lora DIR`) is sampled with the noise convention it was trained with. Bad
 input exits with status 2 and a message on stderr, before anything is generated.
 """
 from __future__ import annotations
@@ -26,10 +28,14 @@ import jax
 from zarya_jax import checkpoint
 from zarya_jax import lora as lora_lib
 from zarya_jax import overrides
+from zarya_jax.data.render import render_prompt
 from zarya_jax.data.tokenizer import load_tokenizer
+from zarya_jax.eval.evaluate import prompt_format_for
 from zarya_jax.files import atomic_write_jsonl
 from zarya_jax.sampling import GenerationConfig, generate
 from zarya_jax.sampling.config import MODES
+
+from .evaluate import add_format_arguments, format_overrides
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,10 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", default=None, help="also write JSONL records here")
+    add_format_arguments(p)
     return p
 
 
-def read_prompts(args) -> list[str]:
+def read_prompts(args, prompt_key: str = "prompt") -> list[str]:
     if args.prompt is not None:
         prompts = list(args.prompt)
     else:
@@ -70,9 +77,10 @@ def read_prompts(args) -> list[str]:
                         rec = json.loads(line)
                     except json.JSONDecodeError as e:
                         raise ValueError(f"{args.prompts_file}:{n}: not valid JSON ({e})") from None
-                    if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str):
-                        raise ValueError(f"{args.prompts_file}:{n}: expected an object with a string 'prompt'")
-                    line = rec["prompt"]
+                    if not isinstance(rec, dict) or not isinstance(rec.get(prompt_key), str):
+                        raise ValueError(f"{args.prompts_file}:{n}: expected an object with a string {prompt_key!r} "
+                                         f"(--prompt-key names another field)")
+                    line = rec[prompt_key]
                 prompts.append(line)
     if not prompts:
         raise ValueError("no prompts given: expected at least one non-empty prompt")
@@ -108,11 +116,14 @@ def main(argv=None) -> int:
     try:
         if args.batch_size < 1:
             raise ValueError(f"--batch-size={args.batch_size}: expected ≥ 1")
-        texts = read_prompts(args)
+        if not os.path.isdir(args.ckpt):
+            raise ValueError(f"--ckpt {args.ckpt!r} is not a directory")
+        fmt = prompt_format_for(args.ckpt, format_overrides(args))
+        texts = read_prompts(args, fmt.prompt_key)
         gc = generation_config(args)
         gc.validate()
         params, config, tokenizer = load_model(args)
-        prompts = [tokenizer.encode(t) for t in texts]
+        prompts = [tokenizer.encode(render_prompt(t, tokenizer, fmt)) for t in texts]
         gc.validate(config, prompts)
         lora_kwargs = {}
         if gc.resolved_mode == "spec" and gc.drafter == "lora":
@@ -137,7 +148,8 @@ def main(argv=None) -> int:
         for r in range(n):
             length = int(out.lengths[r])
             text = tokenizer.decode(out.tokens[r, :length].tolist())
-            rec = {"index": start + r, "prompt": texts[start + r], "text": text, "tokens": length,
+            rec = {"index": start + r, "prompt": texts[start + r], "prompt_ids": prompts[start + r], "text": text,
+                   "tokens": length,
                    "forward_passes": int(out.num_forward_passes[r]),
                    "tokens_per_forward": float(out.tokens_per_forward[r])}
             records.append(rec)

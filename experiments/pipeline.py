@@ -29,11 +29,12 @@ from typing import Callable
 
 from zarya_jax import checkpoint, overrides
 from zarya_jax import lora as lora_lib
-from zarya_jax.config import ModelConfig, ZaryaConfig
+from zarya_jax.config import ModelConfig, PromptFormat, ZaryaConfig
 from zarya_jax.data.pipeline import DataConfig
 from zarya_jax.data.tokenizer import load_tokenizer
 from zarya_jax.eval import diagnose, frontier, tasks
-from zarya_jax.eval.evaluate import MODE_LABELS, EvalConfig, Knobs, ModeKnobs, evaluate, summary_markdown, write_outputs
+from zarya_jax.eval.evaluate import (MODE_LABELS, EvalConfig, Knobs, ModeKnobs, evaluate, prompt_format_for,
+                                     summary_markdown, write_outputs)
 from zarya_jax.eval.frontier import FrontierConfig
 from zarya_jax.files import atomic_write, atomic_write_json
 from zarya_jax.provenance import provenance
@@ -141,7 +142,7 @@ def prepare_data(config: PipelineConfig, workdir: str) -> dict[str, str]:
                 raise FileNotFoundError(f"data file {path!r} does not exist")
         if task.val_file or not task.num_val or not config.frontier.enabled:
             return {"train": task.train_file, "val": task.val_file or None, "test": task.test_file}
-        records = tasks.read_jsonl(task.train_file)
+        records = tasks.read_jsonl(task.train_file, PromptFormat.of(config.data))
         if len(records) <= task.num_val:
             raise ValueError(f"task.train_file {task.train_file!r} has {len(records)} records: too few to hold out "
                              f"task.num_val={task.num_val} for validation (give task.val_file, or lower task.num_val)")
@@ -169,8 +170,11 @@ class TrainingInterrupted(KeyboardInterrupt):
 
 
 def train_model(config: PipelineConfig, train_file: str, eval_file: str, workdir: str, hooks=()) -> dict:
-    """Trains (resuming if `workdir/train` holds a checkpoint of the same run) and returns the summary."""
+    """Trains (resuming if `workdir/train` holds a checkpoint of the same run) and returns the summary.
+    The run's tracker name (`train.tracker_run`) defaults to the workdir's name."""
     run = run_config(config, train_file, eval_file)
+    if not run.train.tracker_run:
+        run = run.replace(train=dataclasses.replace(run.train, tracker_run=os.path.basename(os.path.abspath(workdir))))
     t0 = time.perf_counter()
     summary = train(run, os.path.join(workdir, "train"), hooks=hooks)
     summary["wall_s"] = time.perf_counter() - t0
@@ -182,10 +186,12 @@ def train_model(config: PipelineConfig, train_file: str, eval_file: str, workdir
     return summary
 
 
-def train_lora_drafter(config: PipelineConfig, ckpt: str, train_file: str, workdir: str, progress: bool = True):
-    """Trains Uno's gated-LoRA drafter on the frozen checkpoint (SPEC §7); returns (lora_params, LoraConfig)."""
+def train_lora_drafter(config: PipelineConfig, ckpt: str, train_file: str, workdir: str, progress: bool = True,
+                       fmt: PromptFormat = PromptFormat()):
+    """Trains Uno's gated-LoRA drafter on the frozen checkpoint (SPEC §7), its data rendered with `fmt`;
+    returns (lora_params, LoraConfig)."""
     d = config.drafter
-    cfg = drafter_run.load_config("tiny", {
+    cfg = drafter_run.load_config("tiny", {**{f"data.{k}": v for k, v in dataclasses.asdict(fmt).items()},
         "lora.rank": d.rank, "lora.alpha": d.alpha, "drafter.block_sizes": d.block_sizes, "data.train": [train_file],
         "data.max_length": config.data.max_length, "data.batch_size": d.batch_size, "train.steps": d.steps,
         "optim.lr": d.lr, "optim.warmup_steps": 20, "train.save_every": 0, "train.eval_every": 0,
@@ -198,7 +204,7 @@ def train_lora_drafter(config: PipelineConfig, ckpt: str, train_file: str, workd
 
 
 def choose_knobs(config: PipelineConfig, params, model_config, tokenizer, val_records, lora_params, lora_cfg,
-                 progress: bool) -> tuple[dict[str, dict], dict | None]:
+                 progress: bool, fmt: PromptFormat = PromptFormat()) -> tuple[dict[str, dict], dict | None]:
     """Per mode, the decoding knobs to report on test: chosen on the validation frontier (returned as
     {'points', 'chosen'}), or `eval.knobs` when the frontier is off."""
     ev, fc = config.eval, config.frontier
@@ -210,7 +216,7 @@ def choose_knobs(config: PipelineConfig, params, model_config, tokenizer, val_re
     rows = frontier.sweep(params, model_config, tokenizer, val_records, points, max_new_tokens=ev.max_new_tokens,
                           batch_size=ev.batch_size, method=ev.answer, pattern=ev.answer_regex or None,
                           seed=ev.seed, lora_params=lora_params, lora=lora_cfg,
-                          progress=(lambda i, n: bar.update(1)) if bar else None)
+                          progress=(lambda i, n: bar.update(1)) if bar else None, prompt_format=fmt)
     if bar:
         bar.close()
     chosen = frontier.choose(rows, fc.tolerance)
@@ -244,22 +250,25 @@ def run_pipeline(config: PipelineConfig, workdir: str, progress: bool = True) ->
         ckpt = train_summary["final_params"]
     params, model_config = checkpoint.load(ckpt)
     tokenizer = load_tokenizer(checkpoint.tokenizer_dir(ckpt) or config.data.tokenizer)
-    records = tasks.read_jsonl(files["test"])
+    # Rendered as the checkpoint was trained; the record fields are those of this run's data files.
+    fmt = prompt_format_for(ckpt, {"prompt_key": config.data.prompt_key, "answer_key": config.data.answer_key},
+                            PromptFormat.of(config.data))
+    records = tasks.read_jsonl(files["test"], fmt)
     if ev.limit:
         records = records[: ev.limit]
     lora_params = lora_cfg = None
     if "spec-lora" in ev.modes:
-        lora_params, lora_cfg = train_lora_drafter(config, ckpt, files["train"], workdir, progress)
+        lora_params, lora_cfg = train_lora_drafter(config, ckpt, files["train"], workdir, progress, fmt)
     t_frontier = time.perf_counter()
-    val_records = tasks.read_jsonl(files["val"]) if config.frontier.enabled else []
+    val_records = tasks.read_jsonl(files["val"], fmt) if config.frontier.enabled else []
     knobs, front = choose_knobs(config, params, model_config, tokenizer, val_records, lora_params, lora_cfg,
-                                progress)
+                                progress, fmt)
     t_test = time.perf_counter()
     summary, predictions = evaluate(params, model_config, tokenizer, records, list(ev.modes),
                                     max_new_tokens=ev.max_new_tokens, batch_size=ev.batch_size, knobs=knobs,
                                     method=ev.answer, pattern=ev.answer_regex or None, seed=ev.seed,
                                     progress=progress, lora_params=lora_params, lora=lora_cfg,
-                                    batch1_examples=ev.batch1_examples)
+                                    batch1_examples=ev.batch1_examples, prompt_format=fmt)
     for row in summary:
         row["knobs"] = knobs.get(row["mode"], {})
         row["point"] = frontier.describe(row["mode"], row["knobs"]) if row["knobs"] else ""
@@ -269,7 +278,7 @@ def run_pipeline(config: PipelineConfig, workdir: str, progress: bool = True) ->
     t_diag = time.perf_counter()
     slot_sizes = sorted(set(config.zarya.slot_size_set) | {r["generation_config"]["slot_size"] for r in summary
                                                            if r["mode"] == "slotted"})
-    diag = diagnose.analyse(params, model_config, tokenizer, records, summary, predictions, slot_sizes)
+    diag = diagnose.analyse(params, model_config, tokenizer, records, summary, predictions, slot_sizes, fmt)
     write_outputs(os.path.join(workdir, "eval"), summary, predictions)
     report = {
         "provenance": provenance(),

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import io
 import itertools
 import json
@@ -109,11 +110,18 @@ def expand(spec: dict) -> list[tuple[str, dict]]:
     return out
 
 
-def configs(runs: list[tuple[str, dict]], extra: dict | None = None) -> dict[str, pipeline.PipelineConfig]:
+def configs(runs: list[tuple[str, dict]], extra: dict | None = None, group: str = "") -> dict[str, pipeline.PipelineConfig]:
     """Every run's config: the pipeline defaults with the run's overrides (then `extra`) applied; a typo
-    or a badly typed value is a `ConfigError` naming the key, before anything runs."""
+    or a badly typed value is a `ConfigError` naming the key, before anything runs. Unless set, the
+    experiment tracker's group is `group` (the sweep's name) and its run name the run's."""
     base = pipeline.default_config()
-    return {name: overrides.apply(base, {**ov, **(extra or {})}) for name, ov in runs}
+    out = {}
+    for name, ov in runs:
+        cfg = overrides.apply(base, {**ov, **(extra or {})})
+        t = cfg.train
+        out[name] = cfg.replace(train=dataclasses.replace(t, tracker_group=t.tracker_group or group,
+                                                          tracker_run=t.tracker_run or name))
+    return out
 
 
 def my_share(runs: list, host_index: int, num_hosts: int) -> list:
@@ -131,7 +139,7 @@ def run_sweep(spec: dict, workdir: str, run_fn=None, host_index: int = 0, num_ho
     run_fn = run_fn or pipeline.run_pipeline
     runs = expand(spec)
     # Validate every run's overrides before any compute, so a typo fails the sweep up front.
-    run_configs = configs(runs, extra_overrides)
+    run_configs = configs(runs, extra_overrides, spec.get("name", ""))
     os.makedirs(workdir, exist_ok=True)
     atomic_write_json(os.path.join(workdir, "sweep.json"), {"spec": spec, "runs": [n for n, _ in runs]}, default=str)
     status = {"done": [], "skipped": [], "failed": []}

@@ -26,7 +26,8 @@ from zarya_jax import checkpoint as ckpt_lib
 from zarya_jax import lora as lora_lib
 from zarya_jax.config import LoraConfig
 from zarya_jax.data.tokenizer import load_tokenizer
-from zarya_jax.eval.evaluate import prompt_and_answer
+from zarya_jax.data import render
+from zarya_jax.eval.evaluate import prompt_format_for
 from zarya_jax.eval.tasks import read_jsonl
 from zarya_jax.objectives.drafter import DrafterConfig
 from zarya_jax.sampling import GenerationConfig, generate
@@ -91,7 +92,8 @@ def measure(ckpt: str | None = None, adapter: str | None = None, *, draft_length
     pool = None
     if prompts_file:
         tok = load_tokenizer((ckpt_lib.tokenizer_dir(ckpt) if ckpt else None) or "byte")
-        pool = [tok.encode(prompt_and_answer(record, tok)[0]) for record in read_jsonl(prompts_file)]
+        fmt = prompt_format_for(ckpt)
+        pool = [tok.encode(render.render(record, tok, fmt)[0]) for record in read_jsonl(prompts_file, fmt)]
         prompt_length = max(len(p) for p in pool)
         setup["prompts"] = f"{len(pool)} prompts from {os.path.abspath(prompts_file)}"
     results = []

@@ -6,6 +6,8 @@ Modes: `ar` (autoregressive baseline), `mdm` (mode A, SPEC §5), `slotted` (mode
 exact-match accuracy (`answers`), wall-clock generated tokens/s (compile time excluded and reported
 apart), tokens per forward pass and the speed-up over `ar`. Decoding knobs are `GenerationConfig`
 fields, per mode or for all modes (`parse_knobs`, `ModeKnobs`), typed by `zarya_jax.overrides`.
+Records are rendered by `zarya_jax.data.render` with the checkpoint's recorded `PromptFormat`
+(`prompt_format_for`), so the prompt ids are those the model was trained on.
 """
 from __future__ import annotations
 
@@ -19,10 +21,11 @@ import numpy as np
 from tqdm import tqdm
 
 from .. import overrides as ov
-from ..config import ConfigError
+from ..config import ConfigError, PromptFormat
+from ..data import render
 from ..data.tokenizer import load_tokenizer
 from ..files import atomic_write, atomic_write_json, atomic_write_jsonl
-from ..nn.checkpoint import tokenizer_dir
+from ..nn.checkpoint import load_prompt_format, tokenizer_dir
 from ..sampling import GenerationConfig, generate
 from ..sampling.prompts import bucket_length
 from . import answers
@@ -117,12 +120,6 @@ def generation_config(mode: str, max_new_tokens: int, knobs: dict[str, dict] | N
     return GenerationConfig(**kwargs)
 
 
-def prompt_and_answer(record: dict, tokenizer) -> tuple[str, str]:
-    if "messages" in record:
-        return tokenizer.apply_chat_template(record["messages"])
-    return record["prompt"], record["answer"]
-
-
 def _pad_batch(items: list, size: int) -> list:
     """Fills a short last batch with copies of its first item so every call has one shape."""
     return items + [items[0]] * (size - len(items))
@@ -195,8 +192,10 @@ def evaluate_mode(params, config, tokenizer, prompts: list[list[int]], gen_confi
 def evaluate(params, config, tokenizer, records: list[dict], modes: list[str], *, max_new_tokens: int = 64,
              batch_size: int = 1, knobs: dict | None = None, method: str = "final", pattern: str | None = None,
              lora_params=None, lora=None, seed: int = 0, progress: bool = True,
-             warmup: bool = True, batch1_examples: int = 0) -> tuple[list[dict], list[dict]]:
-    """Runs every mode on every record. Returns (summary rows, per-example prediction rows).
+             warmup: bool = True, batch1_examples: int = 0,
+             prompt_format: PromptFormat = PromptFormat()) -> tuple[list[dict], list[dict]]:
+    """Runs every mode on every record, rendered with `prompt_format` (`zarya_jax.data.render`; give the
+    checkpoint's, `prompt_format_for(ckpt)`). Returns (summary rows, per-example prediction rows).
     warmup=False skips the untimed compile run (for programs already compiled). batch1_examples > 0
     also decodes the first N records one at a time and reports `tokens_per_s_batch1` (and the speed-up
     over AR at batch 1): on an accelerator decoding is memory-bound and a pass costs about the same
@@ -205,7 +204,7 @@ def evaluate(params, config, tokenizer, records: list[dict], modes: list[str], *
         raise ValueError("mode 'spec-lora' needs a LoRA drafter adapter (--lora DIR)")
     if batch_size < 1:
         raise ValueError(f"batch size {batch_size}: expected ≥ 1")
-    pairs = [prompt_and_answer(r, tokenizer) for r in records]
+    pairs = [render.render(r, tokenizer, prompt_format) for r in records]
     prompts = [tokenizer.encode(p) for p, _ in pairs]
     empty = [i for i, p in enumerate(prompts) if not p]
     if empty:
@@ -227,6 +226,7 @@ def evaluate(params, config, tokenizer, records: list[dict], modes: list[str], *
             ok = pred is not None and pred == golds[i]
             correct += ok
             predictions.append({"index": i, "mode": mode, "prompt": pairs[i][0], "reference": pairs[i][1],
+                                "prompt_ids": prompts[i],
                                 "output": text, "output_ids": res["ids"][i], "prediction": pred, "gold": golds[i],
                                 "correct": bool(ok),
                                 "num_tokens": res["lengths"][i], "forward_passes": res["forward_passes"][i]})
@@ -300,3 +300,10 @@ def load_tokenizer_for(ckpt: str, spec: str | None):
     if spec:
         return load_tokenizer(spec)
     return load_tokenizer(tokenizer_dir(ckpt) or "byte")
+
+
+def prompt_format_for(ckpt: str | None, overrides=(), default: PromptFormat = PromptFormat()) -> PromptFormat:
+    """How to render records for `ckpt`: the format its training recorded (else `default`), with dotted
+    `FIELD=VALUE` overrides (`--format` items or a mapping, typed by `zarya_jax.overrides`)."""
+    recorded = load_prompt_format(ckpt) if ckpt else None
+    return ov.apply(recorded or default, overrides, "--format")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+from ..config import PromptFormat
 from ..sampling.generate import static_key
 from .evaluate import MODE_LABELS, evaluate, generation_config
 
@@ -136,17 +137,17 @@ def pareto(rows: list[dict]) -> list[dict]:
 
 def sweep(params, config, tokenizer, records, points, *, max_new_tokens: int, batch_size: int,
           method: str = "final", pattern: str | None = None, seed: int = 0, lora_params=None, lora=None,
-          progress=None) -> list[dict]:
-    """Evaluates every (mode, knobs) point on `records`; one row per point with its accuracy, tokens
-    per forward and tokens/s (a program shared by several points is compiled and warmed up once).
-    progress(i, n) is called after each point."""
+          progress=None, prompt_format: PromptFormat = PromptFormat()) -> list[dict]:
+    """Evaluates every (mode, knobs) point on `records` (rendered with `prompt_format`); one row per point
+    with its accuracy, tokens per forward and tokens/s (a program shared by several points is compiled
+    and warmed up once). progress(i, n) is called after each point."""
     rows, compiled = [], set()
     for i, (mode, knobs) in enumerate(points):
         key = (mode, static_key(generation_config(mode, max_new_tokens, {mode: knobs})))
         summary, _ = evaluate(params, config, tokenizer, records, [mode], max_new_tokens=max_new_tokens,
                               batch_size=batch_size, knobs={mode: knobs}, method=method, pattern=pattern,
                               seed=seed, lora_params=lora_params, lora=lora, progress=False,
-                              warmup=key not in compiled)
+                              warmup=key not in compiled, prompt_format=prompt_format)
         compiled.add(key)
         r = summary[0]
         rows.append({"mode": mode, "label": MODE_LABELS[mode], "knobs": dict(knobs), "point": describe(mode, knobs),

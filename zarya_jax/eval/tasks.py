@@ -17,6 +17,8 @@ import json
 import os
 import random
 
+from ..config import PromptFormat
+from ..data import render
 from ..files import atomic_write_jsonl
 
 # Prompts are kept short on purpose: with the byte tokenizer every character is a token, and the
@@ -138,8 +140,10 @@ def write_jsonl(path: str, records: list[dict]) -> None:
     atomic_write_jsonl(path, records)
 
 
-def read_jsonl(path: str) -> list[dict]:
-    """Reads `{"prompt", "answer"}` (or chat `messages`) records; errors name the file and line."""
+def read_jsonl(path: str, fmt: PromptFormat = PromptFormat(), *, need_answer: bool = True) -> list[dict]:
+    """Reads records valid under `fmt` (`zarya_jax.data.render.parse`: the prompt/answer fields, e.g.
+    GSM8K's `question`/`answer` with `prompt_key="question"`, or chat `messages`); errors name the file and
+    line. need_answer=False accepts prompt-only records."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"data file {path!r} does not exist")
     records = []
@@ -151,9 +155,10 @@ def read_jsonl(path: str) -> list[dict]:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{i}: not valid JSON ({e.msg})") from None
-            if not isinstance(record, dict) or not (
-                    ("prompt" in record and "answer" in record) or "messages" in record):
-                raise ValueError(f"{path}:{i}: expected an object with 'prompt' and 'answer' (or 'messages')")
+            try:
+                render.parse(record, fmt, need_answer=need_answer)
+            except ValueError as e:
+                raise ValueError(f"{path}:{i}: {e}") from None
             records.append(record)
     if not records:
         raise ValueError(f"data file {path!r} holds no records")

@@ -3,27 +3,33 @@
 Layout of a checkpoint directory:
 
     CKPT/params/       Orbax PyTree checkpoint (OCDBT) of the params pytree (see `nn/model.py`)
-    CKPT/config.json   {"format": ..., "model": ModelConfig fields, "zarya": ZaryaConfig fields or null}
+    CKPT/config.json   {"format": ..., "model": ModelConfig fields, "zarya": ZaryaConfig fields or null,
+                        "prompt": PromptFormat fields (how the training data was rendered) or absent}
     CKPT/tokenizer/    optional tokenizer files (`zarya_jax.data.tokenizer.load_tokenizer` reads them)
 
 Saving is atomic: everything is written into a hidden sibling directory that is renamed into place
 only when complete, so a crash never leaves a half-written checkpoint under the final name.
 Train state (optimizer, step, data iterator) is not stored here; this is the model only.
+
+Memory: a converter never needs the whole model at once. A `Lazy` leaf is made only when Orbax writes
+it and released before the next is made (`save`), and `read_param` restores one param as numpy
+(`load` also restores one leaf at a time), so converting peaks near one stacked param plus the imports.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
-from orbax.checkpoint import type_handlers
+from orbax.checkpoint import future, type_handlers
 
-from ..config import ModelConfig, ZaryaConfig, model_config_from_dict, to_dict
+from ..config import ModelConfig, PromptFormat, ZaryaConfig, model_config_from_dict, to_dict
 from ..files import replace_directory
 from . import hf_params
 
@@ -37,14 +43,48 @@ _CHUNK_BYTES = 4 << 20
 _DATA_FILE_BYTES = 16 << 20
 
 
+@dataclasses.dataclass(frozen=True)
+class Lazy:
+    """A param leaf computed when it is written: `make()` returns the numpy array of `shape` and `dtype`.
+
+    `save` writes lazy leaves one after another, each made just before it is written and dropped
+    after, so a converter holds one param at a time instead of the whole model."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+    make: Callable[[], np.ndarray]
+
+
+class _LazyHandler(type_handlers.NumpyHandler):
+    """Orbax's numpy writer for `Lazy` leaves, one leaf at a time (the stored format is the numpy one)."""
+
+    def __init__(self):
+        super().__init__(deepcopy_host_arrays=False)
+
+    async def serialize(self, values, infos, args=None):
+        args = args or [ocp.SaveArgs()] * len(values)
+        return [future.CommitFutureAwaitingContractedSignals(self._write_in_turn(values, infos, args),
+                                                             name="lazy_params")]
+
+    async def _write_in_turn(self, values, infos, args):
+        for value, info, arg in zip(values, infos, args):
+            array = value.make()
+            if array.shape != tuple(value.shape) or array.dtype != np.dtype(value.dtype):
+                raise ValueError(f"lazy param {info.name}: made {array.shape} {array.dtype}, "
+                                 f"declared {tuple(value.shape)} {np.dtype(value.dtype)}")
+            await self._background_serialize([array], [info], [arg])  # written (committed) before the next
+
+
 def _checkpointer() -> ocp.Checkpointer:
-    """A synchronous PyTree checkpointer that writes numpy leaves without a defensive copy.
+    """A synchronous PyTree checkpointer that writes numpy leaves without a defensive copy and `Lazy`
+    leaves one at a time.
 
     The copy Orbax makes by default guards against callers mutating arrays during an async save;
     this save is synchronous, so the copy would only double peak memory (converters save numpy trees).
     """
     registry = type_handlers.create_type_handler_registry(
         (np.ndarray, type_handlers.NumpyHandler(deepcopy_host_arrays=False)),
+        (Lazy, _LazyHandler()),
         (jax.Array, type_handlers.get_type_handler(jax.Array)),
     )
     return ocp.Checkpointer(ocp.PyTreeCheckpointHandler(type_handler_registry=registry))
@@ -56,12 +96,15 @@ def _sync(name: str) -> None:
 
 
 def save(path: str | os.PathLike, params: Any, config: ModelConfig, zarya_config: ZaryaConfig | None = None,
-         *, overwrite: bool = False, tokenizer: Any = None) -> str:
-    """Writes params (numpy or jax arrays, any sharding) and configs to `path`; returns the absolute path.
+         *, overwrite: bool = False, tokenizer: Any = None, prompt_format: PromptFormat | None = None) -> str:
+    """Writes params (numpy or jax arrays, any sharding, or `Lazy` leaves) and configs to `path`; returns the
+    absolute path.
 
     tokenizer: None, a directory whose files are copied, or an object with `.save(directory)`
-    (`zarya_jax.data.tokenizer.ByteTokenizer` / `HFTokenizer`). Raises FileExistsError if `path` exists
-    and `overwrite` is false. Every process of a multi-host run must call it.
+    (`zarya_jax.data.tokenizer.ByteTokenizer` / `HFTokenizer`). prompt_format: how the model's training
+    records were rendered (`zarya_jax.data.render`), for evaluation and generation to render alike.
+    Raises FileExistsError if `path` exists and `overwrite` is false. Every process of a multi-host run
+    must call it.
     """
     path = os.path.abspath(os.fspath(path))
     if os.path.exists(path) and not overwrite:
@@ -85,6 +128,8 @@ def save(path: str | os.PathLike, params: Any, config: ModelConfig, zarya_config
         if primary:
             meta = {"format": FORMAT, "model": to_dict(config),
                     "zarya": None if zarya_config is None else to_dict(zarya_config)}
+            if prompt_format is not None:
+                meta["prompt"] = to_dict(prompt_format)
             with open(os.path.join(tmp, CONFIG_FILE), "w") as f:
                 json.dump(meta, f, indent=2, sort_keys=True)
             if tokenizer is not None:
@@ -130,6 +175,16 @@ def load_zarya_config(path: str | os.PathLike) -> ZaryaConfig | None:
     return None if zarya is None else ZaryaConfig(**zarya)
 
 
+def load_prompt_format(path: str | os.PathLike) -> PromptFormat | None:
+    """How the checkpoint's training records were rendered, or None if it does not say (e.g. a converted
+    Hugging Face model: render with the default `PromptFormat()`)."""
+    prompt = _read_meta(os.path.abspath(os.fspath(path))).get("prompt")
+    try:
+        return None if prompt is None else PromptFormat(**prompt)
+    except TypeError as e:
+        raise ValueError(f"checkpoint {os.fspath(path)!r}: bad prompt format {prompt!r}: {e}") from None
+
+
 def tokenizer_dir(path: str | os.PathLike) -> str | None:
     """The checkpoint's tokenizer directory (for `load_tokenizer`), or None if it has none."""
     directory = os.path.join(os.path.abspath(os.fspath(path)), TOKENIZER_DIR)
@@ -146,8 +201,7 @@ def load(path: str | os.PathLike, shardings: Any = None) -> tuple[dict, ModelCon
     config = model_config_from_dict(_read_meta(path)["model"])
     ckptr = _checkpointer()
     params_dir = os.path.join(path, PARAMS_DIR)
-    stored = ckptr.metadata(params_dir).item_metadata.tree
-    hf_params.check_params(stored, config)
+    stored = _stored(ckptr, params_dir, config)
     if shardings is None:
         shardings = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     if isinstance(shardings, jax.sharding.Sharding):
@@ -159,9 +213,37 @@ def load(path: str | os.PathLike, shardings: Any = None) -> tuple[dict, ModelCon
     # One leaf per restore: TensorStore's read buffers then hold one param at a time, not the model.
     params: dict = {}
     for leaf_path, leaf in hf_params.leaves(target):
-        item: dict = {}
-        hf_params.set_path(item, leaf_path, leaf)
-        restored = ckptr.restore(params_dir, args=ocp.args.PyTreeRestore(
-            item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item), partial_restore=True))
-        hf_params.set_path(params, leaf_path, hf_params.get_path(restored, leaf_path))
+        arg = ocp.checkpoint_utils.construct_restore_args({"x": leaf})["x"]
+        hf_params.set_path(params, leaf_path, _restore_leaf(ckptr, params_dir, leaf_path, leaf, arg))
     return params, config
+
+
+def _stored(ckptr: ocp.Checkpointer, params_dir: str, config: ModelConfig) -> dict:
+    """The stored params' metadata tree (leaves with `.shape`, `.dtype`), checked against the config."""
+    stored = ckptr.metadata(params_dir).item_metadata.tree
+    hf_params.check_params(stored, config)
+    return stored
+
+
+def _restore_leaf(ckptr: ocp.Checkpointer, params_dir: str, leaf_path: tuple[str, ...], leaf, arg):
+    item: dict = {}
+    hf_params.set_path(item, leaf_path, leaf)
+    restore_args: dict = {}
+    hf_params.set_path(restore_args, leaf_path, arg)
+    restored = ckptr.restore(params_dir, args=ocp.args.PyTreeRestore(
+        item=item, restore_args=restore_args, partial_restore=True))
+    return hf_params.get_path(restored, leaf_path)
+
+
+def param_shapes(path: str | os.PathLike) -> dict[tuple[str, ...], tuple[tuple[int, ...], np.dtype]]:
+    """{param path: (shape, dtype)} of a checkpoint, read from its metadata (no array is loaded)."""
+    path = os.path.abspath(os.fspath(path))
+    stored = _stored(_checkpointer(), os.path.join(path, PARAMS_DIR), load_config(path))
+    return {p: (tuple(m.shape), np.dtype(m.dtype)) for p, m in hf_params.leaves(stored)}
+
+
+def read_param(path: str | os.PathLike, leaf_path: tuple[str, ...]) -> np.ndarray:
+    """One param of a checkpoint as a host numpy array (e.g. `("layers", "q_proj", "kernel")`), read alone:
+    memory holds that param only (the converters stream a checkpoint this way)."""
+    params_dir = os.path.join(os.path.abspath(os.fspath(path)), PARAMS_DIR)
+    return _restore_leaf(_checkpointer(), params_dir, tuple(leaf_path), 0, ocp.RestoreArgs(restore_type=np.ndarray))

@@ -5,7 +5,8 @@ base checkpoint) plus `lora` (rank, alpha and the noise convention the adapter i
 with) and `drafter` (block curriculum and loss weights). `train_drafter` loads and freezes the base,
 trains only the adapter (sharded, checkpointed, resumable like any run) and saves it to
 WORKDIR/adapter/ (`nn.lora.save`); WORKDIR/drafter.json records the settings, so a rerun with other
-drafter settings is refused unless forced.
+drafter settings is refused unless forced. The data are rendered with the base checkpoint's recorded
+prompt format (`data.render`) unless the run sets prompt-format fields of its own (`data.prompt_key`, …).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import os
 from typing import Any, Sequence
 
 from .. import overrides as ov
-from ..config import ConfigError, LoraConfig
+from ..config import ConfigError, LoraConfig, PromptFormat
 from ..files import atomic_write_json
 from ..nn import checkpoint as ckpt_lib
 from ..nn import lora as lora_lib
@@ -61,6 +62,9 @@ def train_drafter(cfg: DrafterRunConfig, base: str, workdir: str, *, force: bool
         raise ConfigError(f"lora.noise=mask needs a mask token, but {base} has mask_token_id=None")
     run = cfg.run_config()
     run = run.replace(model=base_config.replace(dtype=run.model.dtype, remat=run.model.remat))
+    recorded = ckpt_lib.load_prompt_format(base)
+    if recorded is not None and PromptFormat.of(run.data) == PromptFormat():  # render as the base was trained
+        run = run.replace(data=dataclasses.replace(run.data, **dataclasses.asdict(recorded)))
     settings = _settings(base, cfg)
     meta_path = os.path.join(workdir, "drafter.json")
     if os.path.exists(meta_path) and not force:

@@ -14,6 +14,7 @@ return with `status='interrupted'`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -25,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..config import ConfigError, ModelConfig
+from ..config import ConfigError, ModelConfig, PromptFormat
 from ..data import pipeline as data_lib
 from ..data.tokenizer import load_tokenizer
 from ..files import atomic_write_json
@@ -37,6 +38,7 @@ from ..objectives.losses import mask_id_of
 from ..objectives.zarya import zarya_objective
 from . import config as rc
 from . import sharding as shd
+from . import trackers
 from .checkpoints import RunCheckpointer, abstract_like
 from .hooks import Checkpointer, Evaluator, Export, Hook, MetricsLogger, ProgressBar, StepEvent
 from .metrics import peak_flops, train_flops_per_token
@@ -138,6 +140,7 @@ class _Setup:
 def _prepare(run: rc.RunConfig, workdir: str, force: bool, objective: Objective | None) -> _Setup:
     """Validates every input before any compute: init checkpoint, tokenizer vs model, workdir, data,
     batch vs mesh, objective (default: Zarya's for `run.zarya`)."""
+    trackers.check(run.train.tracker)
     tokenizer = load_tokenizer(run.data.tokenizer)
     init_config = None
     if run.train.init_from:
@@ -261,14 +264,19 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
          f"{run.data.batch_size}×{run.data.max_length}; steps {start}→{total}; MFU peak: {peak_note}")
 
     # ---- hooks, in the order they run (see train.hooks)
+    t = run.train
+    tracker = None if t.tracker == "none" else functools.partial(
+        trackers.open_tracker, t.tracker, project=t.tracker_project, group=t.tracker_group, name=t.tracker_run,
+        config=run.to_dict(), workdir=workdir)
     logger = MetricsLogger(workdir, start, run.train.log_every, run.data.batch_size, run.data.max_length,
-                           flops_tok, peak)
+                           flops_tok, peak, tracker)
     saver = Checkpointer(ckpt, train_iter, run.train.save_every, start)
     all_hooks = [h for h in (
         _evaluator(setup, steps, frozen, total), logger,
         ProgressBar(total, start, logger) if run.train.progress_bar and jax.process_index() == 0 else None,
         saver,
-        Export(objective.export, workdir, setup.tokenizer) if run.train.export_final and objective.export else None,
+        Export(objective.export, workdir, setup.tokenizer, PromptFormat.of(run.data))
+        if run.train.export_final and objective.export else None,
     ) if h is not None] + list(hooks)
 
     summary: dict[str, Any] = {"status": "completed", "workdir": os.path.abspath(workdir), "start_step": start,

@@ -1,14 +1,17 @@
-"""Metrics: JSONL + TensorBoard writers and the model-FLOPs-utilisation (MFU) estimate."""
+"""Metrics: JSONL + TensorBoard (+ Weights & Biases / trackio, `trackers`) writers and the
+model-FLOPs-utilisation (MFU) estimate."""
 from __future__ import annotations
 
 import json
 import math
 import os
+from typing import Callable
 
 import jax
 
 from ..config import ModelConfig
 from ..files import atomic_write
+from .trackers import Tracker
 
 # Dense bf16 peak FLOP/s per device (vendor data sheets), matched as substrings of `device_kind`.
 PEAK_FLOPS = (
@@ -58,16 +61,18 @@ def train_flops_per_token(config: ModelConfig, seq_len: int, forward_passes: flo
 
 
 class MetricsLog:
-    """Appends `{"step": s, ...}` lines to WORKDIR/metrics.jsonl and scalars to TensorBoard (WORKDIR/tb).
+    """Appends `{"step": s, ...}` lines to WORKDIR/metrics.jsonl, scalars to TensorBoard (WORKDIR/tb) and
+    the rows to an experiment tracker (`tracker`: a function opening one, `trackers.open_tracker`).
 
     On resume from step s, lines after s are dropped first so the file reads as one uninterrupted run.
-    Only process 0 writes.
+    Only process 0 writes (and opens the tracker).
     """
 
-    def __init__(self, workdir: str, start_step: int, tensorboard: bool = True):
+    def __init__(self, workdir: str, start_step: int, tensorboard: bool = True,
+                 tracker: Callable[[], Tracker | None] | None = None):
         self.enabled = jax.process_index() == 0
         self.path = os.path.join(workdir, "metrics.jsonl")
-        self._tb = None
+        self._tb = self._tracker = None
         if not self.enabled:
             return
         if os.path.exists(self.path):
@@ -78,6 +83,8 @@ class MetricsLog:
         if tensorboard:
             from tensorboardX import SummaryWriter  # protobuf and friends load only when a run logs
             self._tb = SummaryWriter(os.path.join(workdir, "tb"))
+        if tracker is not None:
+            self._tracker = tracker()
 
     def write(self, step: int, metrics: dict) -> None:
         if not self.enabled:
@@ -91,6 +98,8 @@ class MetricsLog:
             for k, v in row.items():
                 if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
                     self._tb.add_scalar(k, v, step)
+        if self._tracker is not None:
+            self._tracker.log(int(step), {k: v for k, v in row.items() if k != "step"})
 
     def close(self) -> None:
         if not self.enabled:
@@ -98,6 +107,8 @@ class MetricsLog:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+        if self._tracker is not None:
+            self._tracker.close()
 
 
 def read_metrics(workdir: str) -> list[dict]:
