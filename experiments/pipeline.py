@@ -346,8 +346,9 @@ def report_markdown(report: dict) -> str:
         lines.append(f"Training: {t['step']} steps, final loss {loss}, {t['wall_s']:.0f} s, {tps} tokens/s.")
     modes = report["modes"]
     front = report.get("frontier")
+    tol = report["config"]["frontier"]["tolerance"]
     how = (f"knobs chosen per mode on {front['validation_examples']} validation examples (the most tokens per "
-           f"forward within {100 * report['config']['frontier']['tolerance']:.0f} points of AR there)"
+           f"forward at no less than AR's accuracy there{f' minus {100 * tol:g} points' if tol else ''})"
            if front else "knobs from eval.knobs")
     lines += ["", f"Test split: {modes[0]['examples'] if modes else 0} held-out examples, greedy decoding; {how}.",
               "", summary_markdown(modes)]

@@ -30,7 +30,8 @@ class FrontierConfig:
     slotted_*: mode B's grid; `slotted_serial_num_blocks` 0 means one slot per block (NB = G // S).
     slotted_corrections: "refusion" (ReFusion's rule), "infill" (`ar_infill`), "both" (plus `ar_first_token`).
     mdm_steps × mdm_alpha0: mode A's grid (T = 0 ignores α0). draft_lengths: F of spec-self / spec-lora.
-    tolerance: accuracy below AR's (validation, absolute) that a chosen point may give up.
+    tolerance: accuracy below AR's (validation, absolute) that a chosen point may give up; 0 (the default)
+      asks for at least AR's accuracy — parallel decoding at AR quality, the papers' claim.
     enabled: false skips the sweep (the pipeline then decodes with `eval.knobs`).
     """
 
@@ -42,7 +43,7 @@ class FrontierConfig:
     mdm_steps: tuple[int, ...] = (0, 8, 16)
     mdm_alpha0: tuple[float, ...] = (0.25, 0.5, 1.0)
     draft_lengths: tuple[int, ...] = (2, 4, 8, 16)
-    tolerance: float = 0.02
+    tolerance: float = 0.0
     enabled: bool = True
 
     def __post_init__(self):
