@@ -18,6 +18,7 @@ import yaml
 from .. import overrides as ov
 from ..config import ConfigError, ModelConfig, ZaryaConfig, preset
 from ..data.pipeline import DataConfig
+from .divergence import DivergenceConfig
 from .optim import OptimConfig
 from .sharding import MeshConfig
 
@@ -46,6 +47,8 @@ class TrainConfig:
     distributed: str = "auto"  # jax.distributed.initialize(): auto | on | off
     peak_flops: float = 0.0  # per device, for MFU; 0 = from the device table (CPU: an assumed peak)
     progress_bar: bool = True
+    verify_checkpoints: bool = True  # check every checkpoint read (resume, init_from) against its checksums
+    divergence: DivergenceConfig = DivergenceConfig()  # when to stop a diverging run (train.divergence)
 
     def __post_init__(self):
         if self.steps < 1:
@@ -85,7 +88,8 @@ SECTIONS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RunConfig))
 RESUMABLE_CHANGES = {
     "train.log_every", "train.eval_every", "train.eval_batches", "train.save_every", "train.keep",
     "train.keep_best", "train.async_checkpointing", "train.export_final", "train.init_from",
-    "train.distributed", "train.peak_flops", "train.progress_bar", "data.read_threads", "data.prefetch",
+    "train.distributed", "train.peak_flops", "train.progress_bar", "train.verify_checkpoints", "train.divergence",
+    "data.read_threads", "data.prefetch",
 }
 
 

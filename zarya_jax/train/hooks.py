@@ -192,12 +192,15 @@ class Checkpointer(Hook):
 
 class Export(Hook):
     """When the run completed: `export(params, WORKDIR/final, tokenizer)` (an objective's model export);
-    the summary's `final_params` is the written path."""
+    the summary's `final_params` is the written path. A rerun of a finished run (no step taken) keeps
+    the export already there."""
 
     def __init__(self, export: Callable[[Any, str, Any], str], workdir: str, tokenizer):
         self.export, self.workdir, self.tokenizer = export, workdir, tokenizer
 
     def on_end(self, state: dict, summary: dict) -> None:
         if summary["status"] == "completed":
-            path = self.export(state["params"], os.path.join(self.workdir, "final"), self.tokenizer)
+            path = os.path.join(self.workdir, "final")
+            if not (summary["start_step"] == summary["step"] and os.path.isdir(path)):
+                path = self.export(state["params"], path, self.tokenizer)
             summary["final_params"] = os.path.abspath(path)
