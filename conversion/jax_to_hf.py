@@ -24,6 +24,7 @@ import numpy as np
 from zarya_jax import checkpoint
 from zarya_jax.config import ModelConfig, to_hf_dict
 from zarya_jax.nn import hf_params
+from zarya_jax.nn.integrity import CheckpointError
 
 from . import ConversionError, check_new_output, run_cli, staging_dir
 
@@ -77,15 +78,18 @@ def generation_config(config: ModelConfig) -> dict:
     return {k: v for k, v in gen.items() if v is not None}
 
 
-def export(ckpt: str, out: str, *, max_shard_size: int = 2 * 10**9) -> str:
-    """Writes the HF directory `out` (which must not exist) from the checkpoint `ckpt`."""
+def export(ckpt: str, out: str, *, max_shard_size: int = 2 * 10**9, verify: bool = True) -> str:
+    """Writes the HF directory `out` (which must not exist) from the checkpoint `ckpt` (checked against
+    its checksums unless `verify=False`)."""
     if not os.path.isdir(ckpt):
         raise ConversionError(f"--ckpt {ckpt!r} is not a directory")
     out = check_new_output(out)
     try:
         # Host memory, converted to numpy once: per-tensor slices then cost no device transfers.
-        params, config = checkpoint.load(ckpt, jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0]))
+        params, config = checkpoint.load(ckpt, jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0]), verify=verify)
         zarya = checkpoint.load_zarya_config(ckpt)
+    except CheckpointError:
+        raise
     except ValueError as e:
         raise ConversionError(str(e)) from e
     params = jax.tree.map(np.asarray, params)
@@ -122,10 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="Hugging Face directory to create (must not exist)")
     parser.add_argument("--max-shard-size", default="2GB",
                         help="split the weights into files of at most this size (default 2GB)")
+    parser.add_argument("--no-verify", action="store_true", help="export without checking the checkpoint's checksums")
 
     def run(args_list):
         args = parser.parse_args(args_list)
-        path = export(args.ckpt, args.out, max_shard_size=parse_size(args.max_shard_size))
+        path = export(args.ckpt, args.out, max_shard_size=parse_size(args.max_shard_size), verify=not args.no_verify)
         print(f"wrote {path}")
 
     return run_cli(run, argv)

@@ -17,7 +17,6 @@ positions int32 [B, L] (logical, restarting at 0 in each example); answer_mask b
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any, Iterator, Sequence
 
@@ -25,6 +24,7 @@ import grain
 import numpy as np
 
 from ..config import ConfigError
+from .records import check_record, jsonl_lines
 from .tokenizer import plain_chat
 
 
@@ -73,25 +73,6 @@ class DataConfig:
 # ------------------------------------------------------------------ reading and tokenizing
 
 
-def _check_record(rec: Any) -> tuple[str, Any]:
-    """('pa', (prompt, answer)) or ('chat', messages); raises ValueError naming what is wrong."""
-    if not isinstance(rec, dict):
-        raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
-    if "messages" in rec:
-        msgs = rec["messages"]
-        if not isinstance(msgs, list) or not msgs:
-            raise ValueError("'messages' must be a non-empty list")
-        for m in msgs:
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise ValueError("each message needs string 'role' and 'content'")
-        if msgs[-1]["role"] != "assistant":
-            raise ValueError("the last message must be the assistant's (the supervised answer)")
-        return "chat", msgs
-    if not isinstance(rec.get("prompt"), str) or not isinstance(rec.get("answer"), str):
-        raise ValueError(f"expected string fields 'prompt' and 'answer' (or 'messages'), got keys {sorted(rec)}")
-    return "pa", (rec["prompt"], rec["answer"])
-
-
 def read_records(paths: Sequence[str], on_malformed: str = "fail") -> tuple[list[tuple[str, Any]], dict]:
     """Parses JSONL files. Returns (records, {'malformed_skipped': n}). Errors name file and line."""
     if not paths:
@@ -103,17 +84,16 @@ def read_records(paths: Sequence[str], on_malformed: str = "fail") -> tuple[list
                             f"or messages records)")
         if not path.endswith((".jsonl", ".json")):
             raise DataError(f"data file {path!r}: expected a .jsonl file")
-        with open(path, encoding="utf-8") as f:
-            for line_no, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    records.append(_check_record(json.loads(line)))
-                except ValueError as e:  # json.JSONDecodeError is a ValueError
-                    if on_malformed == "fail":
-                        raise DataError(f"{path}:{line_no}: malformed record: {e} "
-                                        f"(set data.on_malformed=skip to skip such lines)") from None
-                    skipped += 1
+        for line_no, value in jsonl_lines(path):
+            try:
+                if isinstance(value, ValueError):
+                    raise value
+                records.append(check_record(value))
+            except ValueError as e:
+                if on_malformed == "fail":
+                    raise DataError(f"{path}:{line_no}: malformed record: {e} "
+                                    f"(set data.on_malformed=skip to skip such lines)") from None
+                skipped += 1
     if not records:
         raise DataError(f"no valid records in {list(paths)}")
     return records, {"malformed_skipped": skipped}
