@@ -24,6 +24,7 @@ import numpy as np
 from zarya_jax import checkpoint
 from zarya_jax.config import ModelConfig, to_hf_dict
 from zarya_jax.nn import hf_params
+from zarya_jax.nn.integrity import CheckpointError
 
 from . import ConversionError, check_new_output, run_cli, staging_dir
 
@@ -41,10 +42,12 @@ def parse_size(text: str) -> int:
 
 class StreamedParams:
     """A checkpoint's params read one at a time: `dtype(path)` from the metadata, `get(path)` restores that
-    param and keeps only it (tensors are written in table order, so each param is read once)."""
+    param (checked against its checksum unless verify=False) and keeps only it (tensors are written in
+    table order, so each param is read once)."""
 
-    def __init__(self, ckpt: str):
+    def __init__(self, ckpt: str, verify: bool = True):
         self.ckpt = ckpt
+        self.sums = checkpoint.checksums(ckpt) if verify else None  # each param is checked as it is read
         self.shapes = checkpoint.param_shapes(ckpt)
         self._path, self._array = None, None
 
@@ -54,7 +57,7 @@ class StreamedParams:
     def get(self, path: tuple[str, ...]) -> np.ndarray:
         if path != self._path:
             self._path, self._array = None, None  # release the previous param before reading the next
-            self._array, self._path = checkpoint.read_param(self.ckpt, path), path
+            self._array, self._path = checkpoint.read_param(self.ckpt, path, self.sums), path
         return self._array
 
 
@@ -95,15 +98,18 @@ def generation_config(config: ModelConfig) -> dict:
     return {k: v for k, v in gen.items() if v is not None}
 
 
-def export(ckpt: str, out: str, *, max_shard_size: int = 2 * 10**9) -> str:
-    """Writes the HF directory `out` (which must not exist) from the checkpoint `ckpt`."""
+def export(ckpt: str, out: str, *, max_shard_size: int = 2 * 10**9, verify: bool = True) -> str:
+    """Writes the HF directory `out` (which must not exist) from the checkpoint `ckpt` (checked against
+    its checksums unless `verify=False`)."""
     if not os.path.isdir(ckpt):
         raise ConversionError(f"--ckpt {ckpt!r} is not a directory")
     out = check_new_output(out)
     try:
+        params = StreamedParams(ckpt, verify)  # checks the side files first when verifying
         config = checkpoint.load_config(ckpt)
         zarya = checkpoint.load_zarya_config(ckpt)
-        params = StreamedParams(ckpt)
+    except CheckpointError:
+        raise
     except ValueError as e:
         raise ConversionError(str(e)) from e
     dtypes = {dtype.name for _, dtype in params.shapes.values()}
@@ -139,10 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="Hugging Face directory to create (must not exist)")
     parser.add_argument("--max-shard-size", default="2GB",
                         help="split the weights into files of at most this size (default 2GB)")
+    parser.add_argument("--no-verify", action="store_true", help="export without checking the checkpoint's checksums")
 
     def run(args_list):
         args = parser.parse_args(args_list)
-        path = export(args.ckpt, args.out, max_shard_size=parse_size(args.max_shard_size))
+        path = export(args.ckpt, args.out, max_shard_size=parse_size(args.max_shard_size), verify=not args.no_verify)
         print(f"wrote {path}")
 
     return run_cli(run, argv)

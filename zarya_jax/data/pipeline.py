@@ -17,7 +17,6 @@ positions int32 [B, L] (logical, restarting at 0 in each example); answer_mask b
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Iterator, Sequence
 
@@ -26,6 +25,7 @@ import numpy as np
 
 from ..config import ConfigError, PromptFormat
 from . import render
+from .records import jsonl_lines
 
 
 class DataError(ValueError):
@@ -88,19 +88,17 @@ def read_records(paths: Sequence[str], on_malformed: str = "fail",
                             f"or messages records)")
         if not path.endswith((".jsonl", ".json")):
             raise DataError(f"data file {path!r}: expected a .jsonl file")
-        with open(path, encoding="utf-8") as f:
-            for line_no, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                    render.parse(record, fmt)
-                    records.append(record)
-                except ValueError as e:  # json.JSONDecodeError is a ValueError
-                    if on_malformed == "fail":
-                        raise DataError(f"{path}:{line_no}: malformed record: {e} "
-                                        f"(set data.on_malformed=skip to skip such lines)") from None
-                    skipped += 1
+        for line_no, value in jsonl_lines(path):
+            try:
+                if isinstance(value, ValueError):
+                    raise value
+                render.parse(value, fmt)
+                records.append(value)
+            except ValueError as e:
+                if on_malformed == "fail":
+                    raise DataError(f"{path}:{line_no}: malformed record: {e} "
+                                    f"(set data.on_malformed=skip to skip such lines)") from None
+                skipped += 1
     if not records:
         raise DataError(f"no valid records in {list(paths)}")
     return records, {"malformed_skipped": skipped}

@@ -39,7 +39,11 @@ class HFTokenizer:
         if not os.path.isdir(directory):
             raise FileNotFoundError(f"tokenizer directory {directory!r} does not exist")
         self.name = directory
-        self._tok = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        try:
+            self._tok = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        except Exception as e:  # tokenizers/transformers raise many types for a broken or foreign directory
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            raise ValueError(f"cannot load the tokenizer in {directory!r}: {type(e).__name__}: {first}") from None
         self.vocab_size = len(self._tok)
         self.eos_id = self._tok.eos_token_id
         self.bos_id = self._tok.bos_token_id

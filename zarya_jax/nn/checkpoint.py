@@ -6,9 +6,12 @@ Layout of a checkpoint directory:
     CKPT/config.json   {"format": ..., "model": ModelConfig fields, "zarya": ZaryaConfig fields or null,
                         "prompt": PromptFormat fields (how the training data was rendered) or absent}
     CKPT/tokenizer/    optional tokenizer files (`zarya_jax.data.tokenizer.load_tokenizer` reads them)
+    CKPT/checksums.json  a checksum of every param array and of every other file (`nn.integrity`)
 
 Saving is atomic: everything is written into a hidden sibling directory that is renamed into place
-only when complete, so a crash never leaves a half-written checkpoint under the final name.
+only when complete, so a crash never leaves a half-written checkpoint under the final name. Loading
+verifies every checksum (`verify=False` skips it): a damaged, truncated or incomplete checkpoint is one
+`CheckpointError` naming its path, never a silent load of wrong weights or a TensorStore traceback.
 Train state (optimizer, step, data iterator) is not stored here; this is the model only.
 
 Memory: a converter never needs the whole model at once. A `Lazy` leaf is made only when Orbax writes
@@ -32,11 +35,13 @@ from orbax.checkpoint import future, type_handlers
 from ..config import ModelConfig, PromptFormat, ZaryaConfig, model_config_from_dict, to_dict
 from ..files import replace_directory
 from . import hf_params
+from .integrity import CheckpointError, array_checksums, compare, describe_error, file_checksum
 
 FORMAT = "zarya_jax.checkpoint/1"
 CONFIG_FILE = "config.json"
 PARAMS_DIR = "params"
 TOKENIZER_DIR = "tokenizer"
+CHECKSUMS_FILE = "checksums.json"
 # Small chunks and data files keep Orbax/TensorStore's write buffers near 100 MB
 # however large the model (one chunk per tensor would buffer a whole embedding at once).
 _CHUNK_BYTES = 4 << 20
@@ -122,6 +127,9 @@ def save(path: str | os.PathLike, params: Any, config: ModelConfig, zarya_config
         os.makedirs(tmp)
     _sync("zarya_checkpoint_tmp")
     try:
+        # Checksums of what is written: eager leaves now, lazy ones as each is made (never all at once).
+        arrays = array_checksums(jax.tree.map(lambda x: None if isinstance(x, Lazy) else x, params))
+        params = _checksummed_lazy(params, arrays)
         save_args = jax.tree.map(lambda _: ocp.SaveArgs(chunk_byte_size=_CHUNK_BYTES), params)
         _checkpointer().save(os.path.join(tmp, PARAMS_DIR), args=ocp.args.PyTreeSave(
             params, save_args=save_args, ocdbt_target_data_file_size=_DATA_FILE_BYTES))
@@ -134,6 +142,8 @@ def save(path: str | os.PathLike, params: Any, config: ModelConfig, zarya_config
                 json.dump(meta, f, indent=2, sort_keys=True)
             if tokenizer is not None:
                 _write_tokenizer(tokenizer, os.path.join(tmp, TOKENIZER_DIR))
+            with open(os.path.join(tmp, CHECKSUMS_FILE), "w") as f:
+                json.dump({"arrays": arrays, "files": _side_files(tmp)}, f, indent=1, sort_keys=True)
             replace_directory(tmp, path)
         _sync("zarya_checkpoint_done")
     except BaseException:
@@ -143,6 +153,22 @@ def save(path: str | os.PathLike, params: Any, config: ModelConfig, zarya_config
     return path
 
 
+def _checksummed_lazy(params: Any, sums: dict) -> Any:
+    """`params` with each `Lazy` leaf's `make` also recording the made array's checksum in `sums`."""
+    def wrap(path, leaf):
+        if not isinstance(leaf, Lazy):
+            return leaf
+
+        def make():
+            array = leaf.make()
+            sums[jax.tree_util.keystr(path)] = next(iter(array_checksums({"x": array}).values()))
+            return array
+
+        return dataclasses.replace(leaf, make=make)
+
+    return jax.tree_util.tree_map_with_path(wrap, params)
+
+
 def _write_tokenizer(tokenizer: Any, directory: str) -> None:
     if isinstance(tokenizer, (str, os.PathLike)):
         shutil.copytree(tokenizer, directory)
@@ -150,23 +176,71 @@ def _write_tokenizer(tokenizer: Any, directory: str) -> None:
         tokenizer.save(directory)
 
 
-def _read_meta(path: str) -> dict:
-    file = os.path.join(path, CONFIG_FILE)
-    if not os.path.isdir(os.path.join(path, PARAMS_DIR)) or not os.path.isfile(file):
+def _side_files(path: str) -> dict[str, str]:
+    """{relative path: crc32} of every file of a checkpoint outside params/ (configs, tokenizer)."""
+    out = {}
+    for root, dirs, names in os.walk(path):
+        rel_root = os.path.relpath(root, path)
+        if rel_root.split(os.sep)[0] == PARAMS_DIR:
+            continue
+        for name in names:
+            rel = os.path.normpath(os.path.join(rel_root, name))
+            if rel != CHECKSUMS_FILE:
+                out[rel] = file_checksum(os.path.join(root, name))
+    return out
+
+
+def _read_checksums(path: str) -> dict:
+    file = os.path.join(path, CHECKSUMS_FILE)
+    if not os.path.isfile(file):
+        raise CheckpointError(f"checkpoint {path!r} has no {CHECKSUMS_FILE} (incomplete, or written before "
+                              "checkpoints carried checksums): cannot verify it; pass --no-verify "
+                              "(verify=False) to load it unverified")
+    try:
+        with open(file) as f:
+            sums = json.load(f)
+        if not isinstance(sums.get("arrays"), dict) or not isinstance(sums.get("files"), dict):
+            raise ValueError("expected 'arrays' and 'files'")
+    except (OSError, ValueError, AttributeError) as e:
+        raise CheckpointError(f"checkpoint {path!r} is damaged: {file} is unreadable ({e})") from None
+    return sums
+
+
+def verify_files(path: str, sums: dict) -> None:
+    """The side files (configs, tokenizer) against their recorded crc32s."""
+    actual = _side_files(path)
+    for rel, crc in sums["files"].items():
+        if rel not in actual:
+            raise CheckpointError(f"checkpoint {path!r} is damaged: {rel} is missing")
+        if actual[rel] != crc:
+            raise CheckpointError(f"checkpoint {path!r} is damaged: {rel} differs from the checksum written at save")
+
+
+def _check_layout(path: str) -> None:
+    if not os.path.isdir(os.path.join(path, PARAMS_DIR)) or not os.path.isfile(os.path.join(path, CONFIG_FILE)):
         raise FileNotFoundError(
             f"{path!r} is not a zarya_jax checkpoint: expected {CONFIG_FILE} and {PARAMS_DIR}/ inside it")
+
+
+def _read_meta(path: str) -> dict:
+    _check_layout(path)
+    file = os.path.join(path, CONFIG_FILE)
     try:
         with open(file) as f:
             meta = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"cannot read checkpoint config {file!r}: {e}") from e
+    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise CheckpointError(f"cannot read checkpoint config {file!r}: {e}") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ValueError(f"{file!r}: expected format {FORMAT!r}, found {meta.get('format') if isinstance(meta, dict) else meta!r}")
     return meta
 
 
 def load_config(path: str | os.PathLike) -> ModelConfig:
-    return model_config_from_dict(_read_meta(os.path.abspath(os.fspath(path)))["model"])
+    path = os.path.abspath(os.fspath(path))
+    try:
+        return model_config_from_dict(_read_meta(path)["model"])
+    except (KeyError, TypeError) as e:
+        raise CheckpointError(f"checkpoint {path!r}: {CONFIG_FILE} has no valid model config ({e})") from None
 
 
 def load_zarya_config(path: str | os.PathLike) -> ZaryaConfig | None:
@@ -191,17 +265,24 @@ def tokenizer_dir(path: str | os.PathLike) -> str | None:
     return directory if os.path.isdir(directory) else None
 
 
-def load(path: str | os.PathLike, shardings: Any = None) -> tuple[dict, ModelConfig]:
+def load(path: str | os.PathLike, shardings: Any = None, *, verify: bool = True) -> tuple[dict, ModelConfig]:
     """Restores (params as jax arrays, ModelConfig).
 
     shardings: None (first local device), one `jax.sharding.Sharding` for every leaf, or a pytree of
-    them shaped like the params; arrays are read straight into their shards.
+    them shaped like the params; arrays are read straight into their shards. verify: check every array
+    and file against `checksums.json`. Raises `CheckpointError` (naming `path`) for a damaged, truncated
+    or unverifiable checkpoint.
     """
     path = os.path.abspath(os.fspath(path))
-    config = model_config_from_dict(_read_meta(path)["model"])
+    sums = None
+    if verify:
+        _check_layout(path)
+        sums = _read_checksums(path)
+        verify_files(path, sums)
+    config = load_config(path)
     ckptr = _checkpointer()
     params_dir = os.path.join(path, PARAMS_DIR)
-    stored = _stored(ckptr, params_dir, config)
+    stored = _stored(ckptr, params_dir, config, path)
     if shardings is None:
         shardings = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     if isinstance(shardings, jax.sharding.Sharding):
@@ -214,13 +295,24 @@ def load(path: str | os.PathLike, shardings: Any = None) -> tuple[dict, ModelCon
     params: dict = {}
     for leaf_path, leaf in hf_params.leaves(target):
         arg = ocp.checkpoint_utils.construct_restore_args({"x": leaf})["x"]
-        hf_params.set_path(params, leaf_path, _restore_leaf(ckptr, params_dir, leaf_path, leaf, arg))
+        try:
+            value = _restore_leaf(ckptr, params_dir, leaf_path, leaf, arg)
+        except Exception as e:  # a truncated or corrupt data file fails somewhere inside TensorStore
+            raise CheckpointError(f"checkpoint {path!r} is damaged: cannot read param {'/'.join(leaf_path)} "
+                                  f"({describe_error(e)})") from None
+        hf_params.set_path(params, leaf_path, value)
+    if sums is not None:
+        compare(sums["arrays"], array_checksums(params), repr(path))
     return params, config
 
 
-def _stored(ckptr: ocp.Checkpointer, params_dir: str, config: ModelConfig) -> dict:
+def _stored(ckptr: ocp.Checkpointer, params_dir: str, config: ModelConfig, path: str) -> dict:
     """The stored params' metadata tree (leaves with `.shape`, `.dtype`), checked against the config."""
-    stored = ckptr.metadata(params_dir).item_metadata.tree
+    try:
+        stored = ckptr.metadata(params_dir).item_metadata.tree
+    except Exception as e:  # Orbax/TensorStore raise many types for unreadable metadata
+        raise CheckpointError(f"checkpoint {path!r} is damaged: cannot read {params_dir} "
+                              f"({describe_error(e)})") from None
     hf_params.check_params(stored, config)
     return stored
 
@@ -238,12 +330,34 @@ def _restore_leaf(ckptr: ocp.Checkpointer, params_dir: str, leaf_path: tuple[str
 def param_shapes(path: str | os.PathLike) -> dict[tuple[str, ...], tuple[tuple[int, ...], np.dtype]]:
     """{param path: (shape, dtype)} of a checkpoint, read from its metadata (no array is loaded)."""
     path = os.path.abspath(os.fspath(path))
-    stored = _stored(_checkpointer(), os.path.join(path, PARAMS_DIR), load_config(path))
+    stored = _stored(_checkpointer(), os.path.join(path, PARAMS_DIR), load_config(path), path)
     return {p: (tuple(m.shape), np.dtype(m.dtype)) for p, m in hf_params.leaves(stored)}
 
 
-def read_param(path: str | os.PathLike, leaf_path: tuple[str, ...]) -> np.ndarray:
+def checksums(path: str | os.PathLike) -> dict:
+    """The checkpoint's recorded checksums, after checking its side files against them (for readers that
+    stream params one at a time with `read_param(..., sums=)`). Raises `CheckpointError`."""
+    path = os.path.abspath(os.fspath(path))
+    _check_layout(path)
+    sums = _read_checksums(path)
+    verify_files(path, sums)
+    return sums
+
+
+def read_param(path: str | os.PathLike, leaf_path: tuple[str, ...], sums: dict | None = None) -> np.ndarray:
     """One param of a checkpoint as a host numpy array (e.g. `("layers", "q_proj", "kernel")`), read alone:
-    memory holds that param only (the converters stream a checkpoint this way)."""
-    params_dir = os.path.join(os.path.abspath(os.fspath(path)), PARAMS_DIR)
-    return _restore_leaf(_checkpointer(), params_dir, tuple(leaf_path), 0, ocp.RestoreArgs(restore_type=np.ndarray))
+    memory holds that param only (the converters stream a checkpoint this way). With `sums` (from
+    `checksums`) the array is checked against the checksum written at save."""
+    path = os.path.abspath(os.fspath(path))
+    params_dir = os.path.join(path, PARAMS_DIR)
+    try:
+        arr = _restore_leaf(_checkpointer(), params_dir, tuple(leaf_path), 0, ocp.RestoreArgs(restore_type=np.ndarray))
+    except Exception as e:  # a truncated or corrupt data file fails somewhere inside TensorStore
+        raise CheckpointError(f"checkpoint {path!r} is damaged: cannot read param {'/'.join(leaf_path)} "
+                              f"({describe_error(e)})") from None
+    if sums is not None:
+        item: dict = {}
+        hf_params.set_path(item, tuple(leaf_path), arr)
+        got = array_checksums(item)
+        compare({k: sums["arrays"][k] for k in got if k in sums["arrays"]}, got, repr(path))
+    return arr

@@ -18,6 +18,7 @@ import yaml
 from .. import overrides as ov
 from ..config import ConfigError, ModelConfig, ZaryaConfig, preset
 from ..data.pipeline import DataConfig
+from .divergence import DivergenceConfig
 from .optim import OptimConfig
 from .sharding import MeshConfig
 from .trackers import TRACKERS
@@ -51,6 +52,8 @@ class TrainConfig:
     tracker_project: str = "zarya"
     tracker_group: str = ""  # runs compared together (a sweep sets its name)
     tracker_run: str = ""  # the run's name; "" = the workdir's name
+    verify_checkpoints: bool = True  # check every checkpoint read (resume, init_from) against its checksums
+    divergence: DivergenceConfig = DivergenceConfig()  # when to stop a diverging run (train.divergence)
 
     def __post_init__(self):
         if self.steps < 1:
@@ -93,7 +96,8 @@ RESUMABLE_CHANGES = {
     "train.log_every", "train.eval_every", "train.eval_batches", "train.save_every", "train.keep",
     "train.keep_best", "train.async_checkpointing", "train.export_final", "train.init_from",
     "train.distributed", "train.peak_flops", "train.progress_bar", "train.tracker", "train.tracker_project",
-    "train.tracker_group", "train.tracker_run", "data.read_threads", "data.prefetch",
+    "train.tracker_group", "train.tracker_run", "train.verify_checkpoints", "train.divergence",
+    "data.read_threads", "data.prefetch",
 }
 
 

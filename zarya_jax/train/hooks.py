@@ -193,13 +193,15 @@ class Checkpointer(Hook):
 
 class Export(Hook):
     """When the run completed: `export(params, WORKDIR/final, tokenizer, prompt_format)` (an objective's
-    model export, recording how the data was rendered); the summary's `final_params` is the written path."""
+    model export, recording how the data was rendered); the summary's `final_params` is the written path.
+    A rerun of a finished run (no step taken) keeps the export already there."""
 
     def __init__(self, export: Callable[[Any, str, Any, Any], str], workdir: str, tokenizer, prompt_format):
         self.export, self.workdir, self.tokenizer, self.prompt_format = export, workdir, tokenizer, prompt_format
 
     def on_end(self, state: dict, summary: dict) -> None:
         if summary["status"] == "completed":
-            path = self.export(state["params"], os.path.join(self.workdir, "final"), self.tokenizer,
-                               self.prompt_format)
+            path = os.path.join(self.workdir, "final")
+            if not (summary["start_step"] == summary["step"] and os.path.isdir(path)):
+                path = self.export(state["params"], path, self.tokenizer, self.prompt_format)
             summary["final_params"] = os.path.abspath(path)

@@ -77,8 +77,10 @@ class MetricsLog:
             return
         if os.path.exists(self.path):
             with open(self.path) as f:
-                keep = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= start_step]
-            atomic_write(self.path, "".join(keep))
+                lines = [line for line in f if line.strip()]
+            keep = [line for line in lines if json.loads(line).get("step", 0) <= start_step]
+            if len(keep) < len(lines):  # untouched when nothing is dropped (a rerun of a finished run)
+                atomic_write(self.path, "".join(keep))
         self._file = open(self.path, "a")
         if tensorboard:
             from tensorboardX import SummaryWriter  # protobuf and friends load only when a run logs
