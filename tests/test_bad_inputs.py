@@ -20,6 +20,7 @@ from zarya_jax import checkpoint
 from zarya_jax.config import from_hf_dict
 from zarya_jax.data.tokenizer import ByteTokenizer
 from zarya_jax.nn import hf_params
+from zarya_jax.nn.integrity import CheckpointError
 
 
 def flip_bytes(path: str, count: int = 64) -> None:
@@ -275,8 +276,13 @@ def test_bad_input(s, capsys, name, cli, argv, fragment):
 
 
 def test_flipped_checkpoint_loads_only_unverified(s):
-    """The damage is real: without verification the flipped checkpoint loads, with other weights."""
+    """The damage is real: unverified, the flipped checkpoint either loads with other weights or, where a
+    flip lands in a compressed chunk's framing (the layout depends on the writer), fails to decode."""
     good, _ = checkpoint.load(s["ckpt"])
-    bad, _ = checkpoint.load(s["flipped"], verify=False)
+    try:
+        bad, _ = checkpoint.load(s["flipped"], verify=False)
+    except CheckpointError as e:
+        assert "cannot read param" in str(e)
+        return
     diff = [not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(jax.tree.leaves(good), jax.tree.leaves(bad))]
     assert any(diff)
