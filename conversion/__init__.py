@@ -1,4 +1,5 @@
-"""Hugging Face ⇄ zarya_jax checkpoint converters (`python -m conversion.hf_to_jax` / `jax_to_hf`).
+"""Hugging Face ⇄ zarya_jax checkpoint converters (`python -m conversion.hf_to_jax` / `jax_to_hf`), and
+LoRA drafter adapters ⇄ PEFT adapters (`lora_to_peft` / `peft_to_lora`, tensor names in `peft`).
 
 The tensor-name table lives in `zarya_jax.nn.hf_params`; this package does file handling and CLIs.
 """
@@ -14,8 +15,9 @@ from typing import Callable, Iterator
 from safetensors import SafetensorError
 
 from zarya_jax.config import ConfigError
-from zarya_jax.files import atomic_directory
+from zarya_jax.files import OutputPathError, atomic_directory, check_writable_dir
 from zarya_jax.nn.hf_params import ShapeError
+from zarya_jax.nn.integrity import CheckpointError
 
 # Tokenizer files a Hugging Face model directory may carry; copied both ways unchanged.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -27,25 +29,28 @@ class ConversionError(Exception):
 
 
 # Errors that mean "the input is wrong", not "the converter is broken": reported, not traced.
-EXPECTED_ERRORS = (ConversionError, ConfigError, ShapeError, SafetensorError, FileNotFoundError,
-                   FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
+EXPECTED_ERRORS = (ConversionError, ConfigError, ShapeError, CheckpointError, OutputPathError, SafetensorError,
+                   FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 
 def run_cli(fn: Callable[[list[str] | None], object], argv: list[str] | None) -> int:
-    """Runs `fn(argv)`; an expected error becomes `SystemExit("error: ...")` (stderr, exit code 1)."""
+    """Runs `fn(argv)`; an expected error prints one line `error: ...` on stderr and returns 2 (bad
+    input, as every command of the project)."""
     try:
         fn(argv)
     except EXPECTED_ERRORS as e:
         message = " ".join(str(e).split())  # one line, whatever the exception text looked like
-        raise SystemExit(f"error: {message}") from None
+        print(f"error: {message}", file=sys.stderr)
+        return 2
     return 0
 
 
 def check_new_output(out: str) -> str:
-    """Absolute output path; refuses one that exists (nothing is ever overwritten)."""
+    """Absolute output path; refuses one that exists (nothing is ever overwritten) or cannot be written."""
     out = os.path.abspath(out)
     if os.path.lexists(out):
         raise ConversionError(f"output path {out!r} already exists: choose a new path or remove it")
+    check_writable_dir(out, "--out")
     return out
 
 

@@ -4,10 +4,13 @@
                                    [--allow-pickle]
 
 Reads `config.json` and safetensors weights (single file or sharded with
-`model.safetensors.index.json`) without torch, tensor by tensor: each stacked param is preallocated
-once and filled layer by layer, and each safetensors file is opened only for one read so its mapped
-pages are released at once. Peak memory stays near one copy of the (output) weights.
-`--add-mask-token` appends the `<mdm_mask>` row (SPEC §1).
+`model.safetensors.index.json`) without torch, tensor by tensor, and streams them into the checkpoint:
+each param is a `checkpoint.Lazy` leaf, allocated and filled layer by layer only when Orbax writes it
+and released before the next, and each safetensors file is opened only for one read so its mapped
+pages are released at once. Peak memory stays near the largest stacked param plus the imports.
+`--add-mask-token` appends the `<mdm_mask>` row (SPEC §1). Index entries must name files inside the
+directory; integer tensors are refused (weights are floating point), and a cast that loses precision
+(e.g. float32 tensors into a bfloat16 checkpoint) is named on stderr.
 """
 from __future__ import annotations
 
@@ -40,10 +43,16 @@ class SafetensorsSource:
             if not isinstance(weight_map, dict) or not weight_map:
                 raise ConversionError(f"safetensors index {index!r} has no 'weight_map'")
             files = sorted(set(weight_map.values()))
+            for name in files:  # a file name, nothing that leaves the model directory
+                if (not isinstance(name, str) or os.path.basename(name) != name or name in ("", ".", "..")
+                        or os.path.isabs(name)):
+                    raise ConversionError(f"safetensors index {index!r} names {name!r}: expected a file name inside "
+                                          f"{hf_dir!r}")
         else:
             files, weight_map = ["model.safetensors"], None
         self.files: dict[str, str] = {}
         self.shapes: dict[str, tuple[int, ...]] = {}
+        self.dtypes: dict[str, str] = {}
         for name in files:
             path = os.path.join(hf_dir, name)
             if not os.path.isfile(path):
@@ -51,7 +60,9 @@ class SafetensorsSource:
             with _open(path) as f:
                 for key in f.keys():
                     self.files[key] = path
-                    self.shapes[key] = tuple(f.get_slice(key).get_shape())
+                    tensor = f.get_slice(key)
+                    self.shapes[key] = tuple(tensor.get_shape())
+                    self.dtypes[key] = _ST_DTYPES.get(tensor.get_dtype(), tensor.get_dtype().lower())
         if weight_map is not None:
             for key, name in weight_map.items():
                 if self.files.get(key) != os.path.join(hf_dir, name):
@@ -61,6 +72,31 @@ class SafetensorsSource:
         # A fresh open per tensor: closing unmaps the file, so touched pages do not pile up in RSS.
         with _open(self.files[name]) as f:
             return f.get_tensor(name)
+
+
+# safetensors' dtype codes → NumPy names (the others keep their code, lower-cased, and are refused)
+_ST_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+# Casts into the checkpoint's param dtype that keep every value exactly.
+_LOSSLESS = {("float16", "float32"), ("bfloat16", "float32"), ("float16", "float64"), ("bfloat16", "float64"),
+             ("float32", "float64")}
+
+
+def check_dtypes(dtypes: dict[str, str], param_dtype: str) -> None:
+    """Refuses non-float tensors; names (stderr) the tensors a cast to `param_dtype` rounds."""
+    bad = {n: d for n, d in dtypes.items() if d not in _ST_DTYPES.values()}
+    if bad:
+        name, dtype = next(iter(bad.items()))
+        raise ConversionError(f"{len(bad)} tensor(s) are not floating point, e.g. {name!r} ({dtype}): "
+                              "expected float weights (an integer or quantized checkpoint is not supported)")
+    lossy = sorted({d for d in dtypes.values() if d != param_dtype and (d, param_dtype) not in _LOSSLESS})
+    if lossy:
+        count = sum(d in lossy for d in dtypes.values())
+        note(f"note: {count} tensor(s) stored as {', '.join(lossy)} are rounded to {param_dtype}, the checkpoint's "
+             f"param dtype (config.json or --dtype); pass --dtype {max(lossy, key=lambda d: _WIDTH[d])} to keep "
+             "them exact")
+
+
+_WIDTH = {"float64": 3, "float32": 2, "float16": 1, "bfloat16": 1}
 
 
 def _open(path: str):
@@ -90,6 +126,7 @@ class PickleSource:
                 raise ConversionError(f"cannot read pickled weights {path!r} (weights-only load): {e}") from e
             self.tensors.update(state)
         self.shapes = {k: tuple(v.shape) for k, v in self.tensors.items()}
+        self.dtypes = {k: str(v.dtype).replace("torch.", "") for k, v in self.tensors.items()}
 
     def get(self, name: str) -> np.ndarray:
         import torch
@@ -134,35 +171,47 @@ def check_tensors(shapes: dict[str, tuple[int, ...]], config: ModelConfig) -> No
                 f"tensor {name!r} has shape {tuple(shapes[name])}, expected {shape} from config.json")
 
 
-def read_params(source, config: ModelConfig, extra_rows: int = 0) -> dict:
-    """The params pytree as numpy arrays in `config.param_dtype`.
+def read_param(source, config: ModelConfig, e: hf_params.Entry, extra_rows: int = 0) -> np.ndarray:
+    """One param (`e`) as a numpy array in `config.param_dtype`, filled tensor by tensor from `source`.
 
     extra_rows=1 appends the mask token's embedding row (and untied head column), set to the mean of
     the existing ones (SPEC §1).
     """
     dtype = np.dtype(config.jnp_param_dtype)
     v = config.vocab_size
+    arr = np.empty(_shape(config, e, extra_rows), dtype)
+    if e.layered:
+        for i in range(config.num_layers):
+            hf_params.fill(e, source.get(e.hf_name(i)), arr[i], e.hf_name(i))
+    elif e.path == ("embed",):
+        hf_params.fill(e, source.get(e.hf), arr[:v])
+        if extra_rows:
+            arr[v] = arr[:v].mean(axis=0, dtype=np.float64)
+    elif e.path == ("lm_head",):
+        hf_params.fill(e, source.get(e.hf), arr[:, :v])
+        if extra_rows:
+            arr[:, v] = arr[:, :v].mean(axis=1, dtype=np.float64)
+    else:
+        hf_params.fill(e, source.get(e.hf), arr)
+    return arr
+
+
+def _shape(config: ModelConfig, e: hf_params.Entry, extra_rows: int) -> tuple[int, ...]:
+    shape = hf_params.stacked_shape(e, config)
+    if e.path == ("embed",):
+        return (shape[0] + extra_rows,) + shape[1:]
+    if e.path == ("lm_head",):
+        return shape[:1] + (shape[1] + extra_rows,)
+    return shape
+
+
+def lazy_params(source, config: ModelConfig, extra_rows: int = 0) -> dict:
+    """The params pytree of `checkpoint.Lazy` leaves: each param is read from `source` when it is saved."""
     params: dict = {}
+    dtype = np.dtype(config.jnp_param_dtype)
     for e in hf_params.entries(config):
-        shape = hf_params.stacked_shape(e, config)
-        if e.layered:
-            arr = np.empty(shape, dtype)
-            for i in range(config.num_layers):
-                hf_params.fill(e, source.get(e.hf_name(i)), arr[i], e.hf_name(i))
-        elif e.path == ("embed",):
-            arr = np.empty((v + extra_rows,) + shape[1:], dtype)
-            hf_params.fill(e, source.get(e.hf), arr[:v])
-            if extra_rows:
-                arr[v] = arr[:v].mean(axis=0, dtype=np.float64)
-        elif e.path == ("lm_head",):
-            arr = np.empty(shape[:1] + (v + extra_rows,), dtype)
-            hf_params.fill(e, source.get(e.hf), arr[:, :v])
-            if extra_rows:
-                arr[:, v] = arr[:, :v].mean(axis=1, dtype=np.float64)
-        else:
-            arr = np.empty(shape, dtype)
-            hf_params.fill(e, source.get(e.hf), arr)
-        hf_params.set_path(params, e.path, arr)
+        hf_params.set_path(params, e.path, checkpoint.Lazy(
+            _shape(config, e, extra_rows), dtype, lambda e=e: read_param(source, config, e, extra_rows)))
     return params
 
 
@@ -225,6 +274,7 @@ def convert(hf_dir: str, out: str, *, add_mask_token: bool = False, dtype: str |
         config = config.replace(dtype=dtype, param_dtype=dtype)
     source = open_source(hf_dir, allow_pickle)
     check_tensors(source.shapes, config)
+    check_dtypes({k: d for k, d in source.dtypes.items() if k in hf_params.hf_shapes(config)}, config.param_dtype)
 
     extra_rows = 0
     if add_mask_token:
@@ -243,7 +293,7 @@ def convert(hf_dir: str, out: str, *, add_mask_token: bool = False, dtype: str |
             tokenizer = tmp
             if extra_rows:
                 add_mask_to_tokenizer(tmp, old_vocab)
-        params = read_params(source, config, extra_rows)
+        params = lazy_params(source, config, extra_rows)
         if extra_rows:
             config = config.replace(vocab_size=old_vocab + 1, mask_token_id=old_vocab)
         checkpoint.save(out, params, config, zarya, tokenizer=tokenizer)

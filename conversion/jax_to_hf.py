@@ -4,8 +4,9 @@
 
 Writes `config.json` (with `mask_token_id` and the Zarya hyperparameters under "zarya"),
 `generation_config.json`, safetensors weights (sharded with `model.safetensors.index.json` above
-the size limit) and the checkpoint's tokenizer files. Tensors are produced one at a time and
-streamed to disk, so memory stays near one copy of the weights. The result loads with
+the size limit) and the checkpoint's tokenizer files. Params are restored one at a time
+(`checkpoint.read_param`) and their tensors streamed to disk, so memory stays near the largest stacked
+param plus the imports. The result loads with
 `transformers.AutoModelForCausalLM.from_pretrained(DIR)` as `Qwen3ForCausalLM`.
 """
 from __future__ import annotations
@@ -18,12 +19,12 @@ import re
 import shutil
 import struct
 
-import jax
 import numpy as np
 
 from zarya_jax import checkpoint
 from zarya_jax.config import ModelConfig, to_hf_dict
 from zarya_jax.nn import hf_params
+from zarya_jax.nn.integrity import CheckpointError
 
 from . import ConversionError, check_new_output, run_cli, staging_dir
 
@@ -39,12 +40,32 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2) or ""])
 
 
-def plan_shards(params: dict, config: ModelConfig, max_bytes: int) -> list[list[tuple]]:
+class StreamedParams:
+    """A checkpoint's params read one at a time: `dtype(path)` from the metadata, `get(path)` restores that
+    param (checked against its checksum unless verify=False) and keeps only it (tensors are written in
+    table order, so each param is read once)."""
+
+    def __init__(self, ckpt: str, verify: bool = True):
+        self.ckpt = ckpt
+        self.sums = checkpoint.checksums(ckpt) if verify else None  # each param is checked as it is read
+        self.shapes = checkpoint.param_shapes(ckpt)
+        self._path, self._array = None, None
+
+    def dtype(self, path: tuple[str, ...]) -> np.dtype:
+        return self.shapes[path][1]
+
+    def get(self, path: tuple[str, ...]) -> np.ndarray:
+        if path != self._path:
+            self._path, self._array = None, None  # release the previous param before reading the next
+            self._array, self._path = checkpoint.read_param(self.ckpt, path, self.sums), path
+        return self._array
+
+
+def plan_shards(params: StreamedParams, config: ModelConfig, max_bytes: int) -> list[list[tuple]]:
     """Groups tensors in order into shards of at most `max_bytes` (a bigger tensor gets its own)."""
     shards, current, size = [], [], 0
     for name, e, layer in hf_params.tensors(config):
-        leaf = hf_params.get_path(params, e.path)
-        nbytes = math.prod(e.hf_shape) * np.dtype(leaf.dtype).itemsize
+        nbytes = math.prod(e.hf_shape) * params.dtype(e.path).itemsize
         if current and size + nbytes > max_bytes:
             shards.append(current)
             current, size = [], 0
@@ -54,11 +75,11 @@ def plan_shards(params: dict, config: ModelConfig, max_bytes: int) -> list[list[
     return shards
 
 
-def write_safetensors(path: str, params: dict, tensors: list[tuple]) -> None:
+def write_safetensors(path: str, params: StreamedParams, tensors: list[tuple]) -> None:
     """Streams tensors into one safetensors file: header first (sizes are known), then each array's bytes."""
     header, offset = {"__metadata__": {"format": "pt"}}, 0
     for name, e, layer, nbytes in tensors:
-        dtype = np.dtype(hf_params.get_path(params, e.path).dtype).name
+        dtype = params.dtype(e.path).name
         header[name] = {"dtype": _ST_DTYPES[dtype], "shape": list(e.hf_shape), "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
     blob = json.dumps(header, separators=(",", ":")).encode()
@@ -67,7 +88,7 @@ def write_safetensors(path: str, params: dict, tensors: list[tuple]) -> None:
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
         for name, e, layer, nbytes in tensors:
-            leaf = hf_params.get_path(params, e.path)
+            leaf = params.get(e.path)
             arr = hf_params.to_hf(e, leaf if layer is None else leaf[layer], name)
             arr.tofile(f)
 
@@ -77,19 +98,21 @@ def generation_config(config: ModelConfig) -> dict:
     return {k: v for k, v in gen.items() if v is not None}
 
 
-def export(ckpt: str, out: str, *, max_shard_size: int = 2 * 10**9) -> str:
-    """Writes the HF directory `out` (which must not exist) from the checkpoint `ckpt`."""
+def export(ckpt: str, out: str, *, max_shard_size: int = 2 * 10**9, verify: bool = True) -> str:
+    """Writes the HF directory `out` (which must not exist) from the checkpoint `ckpt` (checked against
+    its checksums unless `verify=False`)."""
     if not os.path.isdir(ckpt):
         raise ConversionError(f"--ckpt {ckpt!r} is not a directory")
     out = check_new_output(out)
     try:
-        # Host memory, converted to numpy once: per-tensor slices then cost no device transfers.
-        params, config = checkpoint.load(ckpt, jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0]))
+        params = StreamedParams(ckpt, verify)  # checks the side files first when verifying
+        config = checkpoint.load_config(ckpt)
         zarya = checkpoint.load_zarya_config(ckpt)
+    except CheckpointError:
+        raise
     except ValueError as e:
         raise ConversionError(str(e)) from e
-    params = jax.tree.map(np.asarray, params)
-    dtypes = {np.dtype(x.dtype).name for _, x in hf_params.leaves(params)}
+    dtypes = {dtype.name for _, dtype in params.shapes.values()}
     if not dtypes <= set(_ST_DTYPES):
         raise ConversionError(f"checkpoint dtypes {sorted(dtypes)}: expected some of {sorted(_ST_DTYPES)}")
     shards = plan_shards(params, config, max_shard_size)
@@ -122,10 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="Hugging Face directory to create (must not exist)")
     parser.add_argument("--max-shard-size", default="2GB",
                         help="split the weights into files of at most this size (default 2GB)")
+    parser.add_argument("--no-verify", action="store_true", help="export without checking the checkpoint's checksums")
 
     def run(args_list):
         args = parser.parse_args(args_list)
-        path = export(args.ckpt, args.out, max_shard_size=parse_size(args.max_shard_size))
+        path = export(args.ckpt, args.out, max_shard_size=parse_size(args.max_shard_size), verify=not args.no_verify)
         print(f"wrote {path}")
 
     return run_cli(run, argv)

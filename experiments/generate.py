@@ -5,18 +5,22 @@
         --set temperature=0.7 --set top_p=0.9
 
 Prompts: `--prompt` (repeatable) or `--prompts-file` (one prompt per line; `.jsonl` files hold
-objects with a "prompt" field). Tokenizer: the checkpoint's own (CKPT/tokenizer/) if present, else
+objects with a "prompt" field, or the field named by `--prompt-key`). Each prompt is rendered as the
+checkpoint's training prompts were (its recorded prompt format: chat template, system message, prompt
+template; `zarya_jax.data.render`; `--format FIELD=VALUE` changes a field). Tokenizer: the checkpoint's own (CKPT/tokenizer/) if present, else
 `--tokenizer DIR`, else the byte tokenizer. Every `GenerationConfig` field is a knob: `--set FIELD=VALUE`
 (YAML values; list below); `--mode` and `--max-new-tokens` are shorthands for two of them. Prompts run
 in batches of `--batch-size`; the text of each row is printed as soon as its batch finishes.
-`--output F.jsonl` also writes one record per prompt (written to a temporary file, renamed when
-complete). A LoRA drafter (`--lora DIR`) is sampled with the noise convention it was trained with. Bad
-input exits with status 2 and a message on stderr, before anything is generated.
+`--output F.jsonl` also writes one record per prompt, with the prompt's token ids as rendered (written
+to a temporary file, renamed when complete). A LoRA drafter (`--lora DIR`) is sampled with the noise
+convention it was trained with. A knob the chosen mode does not read (e.g. `--mode ar --set slot_size=4`)
+is an error, the checkpoint is verified against its checksums (`--no-verify` skips that) and `--output`
+is checked writable up front. Bad input exits with status 2 and one `error:` line on stderr, before
+anything is generated.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -26,10 +30,17 @@ import jax
 from zarya_jax import checkpoint
 from zarya_jax import lora as lora_lib
 from zarya_jax import overrides
+from zarya_jax.data.records import jsonl_lines
+from zarya_jax.data.render import render_prompt
 from zarya_jax.data.tokenizer import load_tokenizer
-from zarya_jax.files import atomic_write_jsonl
+from zarya_jax.eval.evaluate import prompt_format_for
+from zarya_jax.files import atomic_write_jsonl, check_writable_file
 from zarya_jax.sampling import GenerationConfig, generate
-from zarya_jax.sampling.config import MODES
+from zarya_jax.sampling.config import MODES, ROUTING_FIELDS, check_knobs
+
+from . import cli
+
+from .evaluate import add_format_arguments, format_overrides
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,30 +61,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", default=None, help="also write JSONL records here")
+    add_format_arguments(p)
+    p.add_argument("--no-verify", action="store_true", help="load the checkpoint without checking its checksums")
     return p
 
 
-def read_prompts(args) -> list[str]:
+def read_prompts(args, prompt_key: str = "prompt") -> list[str]:
     if args.prompt is not None:
         prompts = list(args.prompt)
     else:
-        if not os.path.isfile(args.prompts_file):
-            raise ValueError(f"--prompts-file {args.prompts_file!r} does not exist")
+        path = args.prompts_file
+        if not os.path.isfile(path):
+            raise ValueError(f"--prompts-file {path!r} does not exist")
         prompts = []
-        with open(args.prompts_file, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                line = line.rstrip("\n")
-                if not line.strip():
-                    continue
-                if args.prompts_file.endswith(".jsonl"):
+        if path.endswith(".jsonl"):
+            for n, rec in jsonl_lines(path):
+                if isinstance(rec, ValueError) or not isinstance(rec, dict) or not isinstance(rec.get(prompt_key), str):
+                    why = rec if isinstance(rec, ValueError) else (f"expected an object with a string {prompt_key!r} "
+                                                                   "(--prompt-key names another field)")
+                    raise ValueError(f"{path}:{n}: {why}")
+                prompts.append(rec[prompt_key])
+        else:
+            with open(path, "rb") as f:
+                for n, raw in enumerate(f, 1):
                     try:
-                        rec = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise ValueError(f"{args.prompts_file}:{n}: not valid JSON ({e})") from None
-                    if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str):
-                        raise ValueError(f"{args.prompts_file}:{n}: expected an object with a string 'prompt'")
-                    line = rec["prompt"]
-                prompts.append(line)
+                        line = raw.decode("utf-8").rstrip("\n")
+                    except UnicodeDecodeError as e:
+                        raise ValueError(f"{path}:{n}: not UTF-8 text (byte {e.start})") from None
+                    if line.strip():
+                        prompts.append(line)
     if not prompts:
         raise ValueError("no prompts given: expected at least one non-empty prompt")
     for i, text in enumerate(prompts):
@@ -85,45 +101,46 @@ def read_prompts(args) -> list[str]:
 def load_model(args):
     if not os.path.isdir(args.ckpt):
         raise ValueError(f"--ckpt {args.ckpt!r} is not a directory")
-    try:
-        params, config = checkpoint.load(args.ckpt)
-    except FileNotFoundError as e:
-        raise ValueError(str(e)) from None
-    tok_spec = checkpoint.tokenizer_dir(args.ckpt) or args.tokenizer
-    try:
-        tokenizer = load_tokenizer(tok_spec)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"cannot load tokenizer {tok_spec!r}: {e}") from None
+    params, config = checkpoint.load(args.ckpt, verify=not args.no_verify)
+    tokenizer = load_tokenizer(checkpoint.tokenizer_dir(args.ckpt) or args.tokenizer)
     return params, config, tokenizer
 
 
 def generation_config(args) -> GenerationConfig:
-    """`--mode` and `--max-new-tokens`, then the `--set` knobs, typed against GenerationConfig."""
+    """`--mode` and `--max-new-tokens`, then the `--set` knobs, typed against GenerationConfig; a knob
+    the resulting mode does not read is an error."""
     base = GenerationConfig(mode=args.mode, max_new_tokens=args.max_new_tokens)
-    return overrides.apply(base, args.knobs)
+    gc = overrides.apply(base, args.knobs)
+    check_knobs(gc.resolved_mode, [k for k in overrides.parse_all(args.knobs) if k not in ROUTING_FIELDS])
+    return gc
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        if args.batch_size < 1:
-            raise ValueError(f"--batch-size={args.batch_size}: expected ≥ 1")
-        texts = read_prompts(args)
-        gc = generation_config(args)
-        gc.validate()
-        params, config, tokenizer = load_model(args)
-        prompts = [tokenizer.encode(t) for t in texts]
-        gc.validate(config, prompts)
-        lora_kwargs = {}
-        if gc.resolved_mode == "spec" and gc.drafter == "lora":
-            if args.lora is None:
-                raise ValueError("--mode spec with drafter=lora needs --lora DIR (the drafter adapter)")
-            lora_params, lora_cfg = lora_lib.load(args.lora)
-            lora_lib.check_lora(lora_params, config, lora_cfg)
-            lora_kwargs = dict(lora_params=lora_params, lora=lora_cfg)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return cli.run(lambda: _run(args))
+
+
+def _run(args) -> int:
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size={args.batch_size}: expected ≥ 1")
+    if not os.path.isdir(args.ckpt):
+        raise ValueError(f"--ckpt {args.ckpt!r} is not a directory")
+    fmt = prompt_format_for(args.ckpt, format_overrides(args))
+    texts = read_prompts(args, fmt.prompt_key)
+    gc = generation_config(args)
+    gc.validate()
+    if gc.resolved_mode == "spec" and gc.drafter == "lora" and args.lora is None:
+        raise ValueError("--mode spec with drafter=lora needs --lora DIR (the drafter adapter)")
+    if args.output:
+        check_writable_file(args.output, "--output")
+    params, config, tokenizer = load_model(args)
+    prompts = [tokenizer.encode(render_prompt(t, tokenizer, fmt)) for t in texts]
+    gc.validate(config, prompts)
+    lora_kwargs = {}
+    if gc.resolved_mode == "spec" and gc.drafter == "lora":
+        lora_params, lora_cfg = lora_lib.load(args.lora)
+        lora_lib.check_lora(lora_params, config, lora_cfg)
+        lora_kwargs = dict(lora_params=lora_params, lora=lora_cfg)
     key = jax.random.PRNGKey(args.seed)
     records = []
     for start in range(0, len(prompts), args.batch_size):
@@ -137,7 +154,8 @@ def main(argv=None) -> int:
         for r in range(n):
             length = int(out.lengths[r])
             text = tokenizer.decode(out.tokens[r, :length].tolist())
-            rec = {"index": start + r, "prompt": texts[start + r], "text": text, "tokens": length,
+            rec = {"index": start + r, "prompt": texts[start + r], "prompt_ids": prompts[start + r], "text": text,
+                   "tokens": length,
                    "forward_passes": int(out.num_forward_passes[r]),
                    "tokens_per_forward": float(out.tokens_per_forward[r])}
             records.append(rec)

@@ -18,24 +18,32 @@ generator, or your own files), `drafter` (Uno's LoRA drafter, trained only for `
 `eval.knobs.<mode>.<GenerationConfig field>`) and `frontier` (the grid and the choice rule).
 `default_config()` holds the quickstart's defaults, tuned for a 2-core CPU; `--set` on the quickstart
 and every key of a sweep file are dotted keys of this tree, typed and checked by `zarya_jax.overrides`.
+
+Reruns are safe. Every input is checked before any compute (the whole config when it is built, the
+workdir writable, the checkpoint to evaluate). A workdir whose `report.json` was made by the same
+config is up to date: the rerun changes nothing and returns that report. Otherwise training resumes (a
+finished training takes no step and keeps its recorded numbers) and the evaluation runs again. The
+report files are written only when everything is computed, `report.json` last, so a `report.json` is
+always complete.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 import time
-from typing import Callable
 
 from zarya_jax import checkpoint, overrides
 from zarya_jax import lora as lora_lib
-from zarya_jax.config import ModelConfig, ZaryaConfig
+from zarya_jax.config import ModelConfig, PromptFormat, ZaryaConfig
 from zarya_jax.data.pipeline import DataConfig
 from zarya_jax.data.tokenizer import load_tokenizer
 from zarya_jax.eval import diagnose, frontier, tasks
-from zarya_jax.eval.evaluate import MODE_LABELS, EvalConfig, Knobs, ModeKnobs, evaluate, summary_markdown, write_outputs
+from zarya_jax.eval.evaluate import (MODE_LABELS, EvalConfig, Knobs, ModeKnobs, evaluate, prompt_format_for,
+                                     summary_markdown, write_outputs)
 from zarya_jax.eval.frontier import FrontierConfig
-from zarya_jax.files import atomic_write, atomic_write_json
+from zarya_jax.files import atomic_write, atomic_write_json, check_writable_dir
 from zarya_jax.provenance import provenance
 from zarya_jax.train.config import RunConfig, TrainConfig
 from zarya_jax.train import drafter as drafter_run
@@ -62,6 +70,13 @@ class TaskSection:
     test_file: str = ""
     val_file: str = ""
 
+    def __post_init__(self):
+        tasks.task_config(self.difficulty)
+        for name in ("num_train", "num_test", "num_val"):
+            value = getattr(self, name)
+            if not 0 <= value <= tasks.MAX_PROBLEMS:
+                raise ValueError(f"task.{name}={value}: expected 0 … {tasks.MAX_PROBLEMS}")
+
 
 @dataclasses.dataclass(frozen=True)
 class DrafterSection:
@@ -83,19 +98,6 @@ class PipelineConfig(RunConfig):
     drafter: DrafterSection = DrafterSection()
     eval: EvalConfig = EvalConfig()
     frontier: FrontierConfig = FrontierConfig()
-
-
-def command(body: Callable[[], int], errors: tuple[type[Exception], ...], resume_hint: str = "") -> int:
-    """Runs a command's body and returns its exit status: an expected input error prints one `error:`
-    line (status 2), a signal that stopped training one `interrupted:` line (status 130)."""
-    try:
-        return body()
-    except errors as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as e:
-        print(f"interrupted: {e}{resume_hint}", file=sys.stderr)
-        return 130
 
 
 def default_config() -> PipelineConfig:
@@ -141,7 +143,7 @@ def prepare_data(config: PipelineConfig, workdir: str) -> dict[str, str]:
                 raise FileNotFoundError(f"data file {path!r} does not exist")
         if task.val_file or not task.num_val or not config.frontier.enabled:
             return {"train": task.train_file, "val": task.val_file or None, "test": task.test_file}
-        records = tasks.read_jsonl(task.train_file)
+        records = tasks.read_jsonl(task.train_file, PromptFormat.of(config.data))
         if len(records) <= task.num_val:
             raise ValueError(f"task.train_file {task.train_file!r} has {len(records)} records: too few to hold out "
                              f"task.num_val={task.num_val} for validation (give task.val_file, or lower task.num_val)")
@@ -168,12 +170,14 @@ class TrainingInterrupted(KeyboardInterrupt):
     """Training was stopped by a signal after saving a checkpoint (not a failure of the run)."""
 
 
-def train_model(config: PipelineConfig, train_file: str, eval_file: str, workdir: str, hooks=()) -> dict:
-    """Trains (resuming if `workdir/train` holds a checkpoint of the same run) and returns the summary."""
+def train_model(config: PipelineConfig, train_file: str, eval_file: str, workdir: str, hooks=(),
+                force: bool = False) -> dict:
+    """Trains (resuming if `workdir/train` holds a checkpoint of the same run, or any with `force`) and
+    returns the summary. The run's tracker name (`train.tracker_run`) defaults to the workdir's name."""
     run = run_config(config, train_file, eval_file)
-    t0 = time.perf_counter()
-    summary = train(run, os.path.join(workdir, "train"), hooks=hooks)
-    summary["wall_s"] = time.perf_counter() - t0
+    if not run.train.tracker_run:
+        run = run.replace(train=dataclasses.replace(run.train, tracker_run=os.path.basename(os.path.abspath(workdir))))
+    summary = train(run, os.path.join(workdir, "train"), hooks=hooks, force=force)
     if summary["status"] != "completed":
         # A signal (SIGTERM/SIGINT) stopped training after a checkpoint: stop everything (a sweep
         # must not carry on with its next run), and let a rerun resume.
@@ -182,23 +186,26 @@ def train_model(config: PipelineConfig, train_file: str, eval_file: str, workdir
     return summary
 
 
-def train_lora_drafter(config: PipelineConfig, ckpt: str, train_file: str, workdir: str, progress: bool = True):
-    """Trains Uno's gated-LoRA drafter on the frozen checkpoint (SPEC §7); returns (lora_params, LoraConfig)."""
+def train_lora_drafter(config: PipelineConfig, ckpt: str, train_file: str, workdir: str, progress: bool = True,
+                       fmt: PromptFormat = PromptFormat(), force: bool = False):
+    """Trains Uno's gated-LoRA drafter on the frozen checkpoint (SPEC §7), its data rendered with `fmt`;
+    returns (lora_params, LoraConfig)."""
     d = config.drafter
-    cfg = drafter_run.load_config("tiny", {
+    cfg = drafter_run.load_config("tiny", {**{f"data.{k}": v for k, v in dataclasses.asdict(fmt).items()},
         "lora.rank": d.rank, "lora.alpha": d.alpha, "drafter.block_sizes": d.block_sizes, "data.train": [train_file],
         "data.max_length": config.data.max_length, "data.batch_size": d.batch_size, "train.steps": d.steps,
         "optim.lr": d.lr, "optim.warmup_steps": 20, "train.save_every": 0, "train.eval_every": 0,
-        "train.progress_bar": progress, "train.async_checkpointing": False})
+        "train.progress_bar": progress, "train.async_checkpointing": False,
+        "train.verify_checkpoints": config.train.verify_checkpoints})
     out = os.path.join(workdir, "drafter")
-    summary = drafter_run.train_drafter(cfg, ckpt, out)
+    summary = drafter_run.train_drafter(cfg, ckpt, out, force=force)
     if summary["status"] != "completed":
         raise TrainingInterrupted(f"drafter training stopped by signal {summary.get('signal')}; rerun to resume")
-    return lora_lib.load(os.path.join(out, "adapter"))
+    return lora_lib.load(os.path.join(out, "adapter"), verify=config.train.verify_checkpoints)
 
 
 def choose_knobs(config: PipelineConfig, params, model_config, tokenizer, val_records, lora_params, lora_cfg,
-                 progress: bool) -> tuple[dict[str, dict], dict | None]:
+                 progress: bool, fmt: PromptFormat = PromptFormat()) -> tuple[dict[str, dict], dict | None]:
     """Per mode, the decoding knobs to report on test: chosen on the validation frontier (returned as
     {'points', 'chosen'}), or `eval.knobs` when the frontier is off."""
     ev, fc = config.eval, config.frontier
@@ -210,7 +217,7 @@ def choose_knobs(config: PipelineConfig, params, model_config, tokenizer, val_re
     rows = frontier.sweep(params, model_config, tokenizer, val_records, points, max_new_tokens=ev.max_new_tokens,
                           batch_size=ev.batch_size, method=ev.answer, pattern=ev.answer_regex or None,
                           seed=ev.seed, lora_params=lora_params, lora=lora_cfg,
-                          progress=(lambda i, n: bar.update(1)) if bar else None)
+                          progress=(lambda i, n: bar.update(1)) if bar else None, prompt_format=fmt)
     if bar:
         bar.close()
     chosen = frontier.choose(rows, fc.tolerance)
@@ -223,43 +230,87 @@ def _bar(desc: str, total: int):
     return tqdm(total=total, desc=desc, unit="pt", leave=False, file=sys.stderr)
 
 
-def run_pipeline(config: PipelineConfig, workdir: str, progress: bool = True) -> dict:
-    """Data → train (unless eval.ckpt) → frontier on validation → chosen points on test → diagnostics →
-    report files. Returns the report dict."""
-    t_start = time.perf_counter()
-    ev = config.eval
-    ckpt = ev.ckpt
-    if ckpt and not os.path.exists(ckpt):
-        raise FileNotFoundError(f"checkpoint {ckpt!r} does not exist")
+# Settings that change how a run is shown or checked, not what it computes.
+_PRESENTATION = {"train": ("progress_bar", "verify_checkpoints")}
+
+
+def comparable(config_dict: dict) -> dict:
+    """A config as JSON (`overrides.to_dict`), without the settings that do not change the results."""
+    out = json.loads(json.dumps(config_dict))
+    for section, names in _PRESENTATION.items():
+        for name in names:
+            out.get(section, {}).pop(name, None)
+    return out
+
+
+def current_report(config: PipelineConfig, workdir: str) -> dict | None:
+    """The workdir's report when it is complete and was made by this same config (else None)."""
+    path = os.path.join(workdir, "report.json")
+    try:
+        with open(path) as f:
+            report = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(report, dict) or not isinstance(report.get("config"), dict):
+        return None
+    return report if comparable(report["config"]) == comparable(overrides.to_dict(config)) else None
+
+
+def check_inputs(config: PipelineConfig, workdir: str) -> None:
+    """What the config alone cannot check, before any compute: the checkpoint to evaluate, the
+    validation split the frontier needs, the workdir."""
+    if config.eval.ckpt and not os.path.isdir(config.eval.ckpt):
+        raise FileNotFoundError(f"checkpoint {config.eval.ckpt!r} does not exist or is not a directory")
     if config.frontier.enabled and not (config.task.num_val or config.task.val_file):
         raise ValueError("the frontier chooses decoding knobs on a validation split: set task.num_val ≥ 1 (or "
                          "task.val_file), or frontier.enabled=false to use eval.knobs")
+    check_writable_dir(workdir, "workdir")
+
+
+def run_pipeline(config: PipelineConfig, workdir: str, progress: bool = True, force: bool = False) -> dict:
+    """Data → train (unless eval.ckpt) → frontier on validation → chosen points on test → diagnostics →
+    report files. Returns the report dict; a workdir whose report this config already made is returned
+    as it is (`current_report`), untouched. force: resume training / the drafter even when the workdir
+    holds checkpoints of another config."""
+    t_start = time.perf_counter()
+    ev = config.eval
+    ckpt = ev.ckpt
+    check_inputs(config, workdir)
+    done = current_report(config, workdir)
+    if done is not None:
+        print(f"{workdir}: report.json is up to date with this config; nothing to do", file=sys.stderr)
+        return done
+    verify = config.train.verify_checkpoints
+    loaded = checkpoint.load(ckpt, verify=verify) if ckpt else None  # a damaged checkpoint fails before any write
     os.makedirs(workdir, exist_ok=True)
     files = prepare_data(config, workdir)
     train_summary = None
     if not ckpt:
         config = config.replace(train=dataclasses.replace(config.train,
                                                           progress_bar=bool(progress and config.train.progress_bar)))
-        train_summary = train_model(config, files["train"], files["val"], workdir)
+        train_summary = train_model(config, files["train"], files["val"], workdir, force=force)
         ckpt = train_summary["final_params"]
-    params, model_config = checkpoint.load(ckpt)
+    params, model_config = loaded or checkpoint.load(ckpt, verify=verify)
     tokenizer = load_tokenizer(checkpoint.tokenizer_dir(ckpt) or config.data.tokenizer)
-    records = tasks.read_jsonl(files["test"])
+    # Rendered as the checkpoint was trained; the record fields are those of this run's data files.
+    fmt = prompt_format_for(ckpt, {"prompt_key": config.data.prompt_key, "answer_key": config.data.answer_key},
+                            PromptFormat.of(config.data))
+    records = tasks.read_jsonl(files["test"], fmt)
     if ev.limit:
         records = records[: ev.limit]
     lora_params = lora_cfg = None
     if "spec-lora" in ev.modes:
-        lora_params, lora_cfg = train_lora_drafter(config, ckpt, files["train"], workdir, progress)
+        lora_params, lora_cfg = train_lora_drafter(config, ckpt, files["train"], workdir, progress, fmt, force)
     t_frontier = time.perf_counter()
-    val_records = tasks.read_jsonl(files["val"]) if config.frontier.enabled else []
+    val_records = tasks.read_jsonl(files["val"], fmt) if config.frontier.enabled else []
     knobs, front = choose_knobs(config, params, model_config, tokenizer, val_records, lora_params, lora_cfg,
-                                progress)
+                                progress, fmt)
     t_test = time.perf_counter()
     summary, predictions = evaluate(params, model_config, tokenizer, records, list(ev.modes),
                                     max_new_tokens=ev.max_new_tokens, batch_size=ev.batch_size, knobs=knobs,
                                     method=ev.answer, pattern=ev.answer_regex or None, seed=ev.seed,
                                     progress=progress, lora_params=lora_params, lora=lora_cfg,
-                                    batch1_examples=ev.batch1_examples)
+                                    batch1_examples=ev.batch1_examples, prompt_format=fmt)
     for row in summary:
         row["knobs"] = knobs.get(row["mode"], {})
         row["point"] = frontier.describe(row["mode"], row["knobs"]) if row["knobs"] else ""
@@ -269,8 +320,7 @@ def run_pipeline(config: PipelineConfig, workdir: str, progress: bool = True) ->
     t_diag = time.perf_counter()
     slot_sizes = sorted(set(config.zarya.slot_size_set) | {r["generation_config"]["slot_size"] for r in summary
                                                            if r["mode"] == "slotted"})
-    diag = diagnose.analyse(params, model_config, tokenizer, records, summary, predictions, slot_sizes)
-    write_outputs(os.path.join(workdir, "eval"), summary, predictions)
+    diag = diagnose.analyse(params, model_config, tokenizer, records, summary, predictions, slot_sizes, fmt)
     report = {
         "provenance": provenance(),
         "checkpoint": os.path.abspath(ckpt),
@@ -287,6 +337,7 @@ def run_pipeline(config: PipelineConfig, workdir: str, progress: bool = True) ->
                     "diagnostics_s": time.perf_counter() - t_diag},
         "wall_s": time.perf_counter() - t_start,
     }
+    write_outputs(os.path.join(workdir, "eval"), summary, predictions)
     write_report(workdir, report)
     return report
 
@@ -334,11 +385,13 @@ def report_markdown(report: dict) -> str:
         t = report["train"]
         tps = f"{t['tokens_per_s']:.0f}" if t.get("tokens_per_s") else "–"
         loss = f"{t['loss']:.4f}" if t.get("loss") is not None else "–"
-        lines.append(f"Training: {t['step']} steps, final loss {loss}, {t['wall_s']:.0f} s, {tps} tokens/s.")
+        wall = f"{t['wall_s']:.0f} s" if t.get("wall_s") is not None else "– s"
+        lines.append(f"Training: {t['step']} steps, final loss {loss}, {wall}, {tps} tokens/s.")
     modes = report["modes"]
     front = report.get("frontier")
+    tol = report["config"]["frontier"]["tolerance"]
     how = (f"knobs chosen per mode on {front['validation_examples']} validation examples (the most tokens per "
-           f"forward within {100 * report['config']['frontier']['tolerance']:.0f} points of AR there)"
+           f"forward at no less than AR's accuracy there{f' minus {100 * tol:g} points' if tol else ''})"
            if front else "knobs from eval.knobs")
     lines += ["", f"Test split: {modes[0]['examples'] if modes else 0} held-out examples, greedy decoding; {how}.",
               "", summary_markdown(modes)]
@@ -364,8 +417,9 @@ def report_markdown(report: dict) -> str:
 
 
 def write_report(workdir: str, report: dict) -> None:
-    atomic_write_json(os.path.join(workdir, "report.json"), report, default=str)
+    """report.md, report.png, then report.json (each atomically): a report.json means a complete report."""
     atomic_write(os.path.join(workdir, "report.md"), report_markdown(report))
     points = report["frontier"]["points"] if report.get("frontier") else []
     frontier_plot(points, report["modes"], report["loss_curve"], os.path.join(workdir, "report.png"),
                   "Zarya quickstart")
+    atomic_write_json(os.path.join(workdir, "report.json"), report, default=str)

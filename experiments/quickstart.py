@@ -19,6 +19,11 @@ The run configuration is one typed tree (`experiments.pipeline.PipelineConfig`):
 `model`, `zarya`, `optim`, `data`, `mesh`, `train`, plus `task` (the generator), `drafter`, `eval`
 (modes, knobs) and `frontier` (the grid). `--set section.key=value` overrides any entry; sweeps
 (`experiments.sweep`) use the same keys.
+
+Rerunning the same command is safe: an up-to-date workdir is left as it is (its report is printed), an
+interrupted one resumes, and one trained with another config is refused unless `--force`. Checkpoints
+are verified against their checksums (`--no-verify` skips that). Exit status: 0 done, 2 bad input (one
+`error:` line, nothing written), 3 training diverged, 130 interrupted (rerun to resume).
 """
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ from zarya_jax.eval import tasks
 from zarya_jax.eval.evaluate import parse_modes
 from zarya_jax.train.hooks import OnStep, StepEvent
 
-from . import pipeline
+from . import cli, pipeline
 
 SMOKE = {"task.num_train": 64, "task.num_test": 4, "task.num_val": 4, "model.hidden_size": 32,
          "model.intermediate_size": 64, "model.num_layers": 1, "model.num_heads": 2, "model.num_kv_heads": 1,
@@ -87,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override any run-config entry (list below), e.g. optim.lr=1e-3 or "
                         "eval.knobs.slotted.slot_size=8")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--force", action="store_true",
+                   help="resume training even if the workdir holds checkpoints of another config")
+    p.add_argument("--no-verify", action="store_true",
+                   help="read checkpoints without checking their checksums (train.verify_checkpoints=false)")
     return p
 
 
@@ -105,12 +114,14 @@ def config_from_args(args) -> pipeline.PipelineConfig:
         flags["eval.modes"] = parse_modes(args.modes)
     if args.ckpt:
         flags["eval.ckpt"] = args.ckpt
+    if args.no_verify:
+        flags["train.verify_checkpoints"] = False
     return overrides.apply(pipeline.default_config(), {**flags, **overrides.parse_all(args.set)})
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    return pipeline.command(lambda: _run(args), (ValueError, FileNotFoundError))
+    return cli.run(lambda: _run(args))
 
 
 def _run(args) -> int:
@@ -124,7 +135,7 @@ def _run(args) -> int:
                                 args.minutes)
         config = overrides.apply(config, {"train.steps": steps})
         print(f"--minutes {args.minutes}: {steps} steps fit on this machine", flush=True)
-    report = pipeline.run_pipeline(config, args.workdir, progress=not args.no_progress)
+    report = pipeline.run_pipeline(config, args.workdir, progress=not args.no_progress, force=args.force)
     print(pipeline.report_markdown(report))
     print(f"wrote {args.workdir}/report.json, report.md, report.png")
     return 0

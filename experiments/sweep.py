@@ -19,7 +19,10 @@ zarya, optim, data, mesh, train, drafter, eval, frontier); its dotted keys are t
 `zarya_jax.overrides` for every run before anything runs (also by --dry-run, which prints each run's
 typed overrides). Each run trains a model and evaluates it in the configured decoding modes.
 Resumable: a finished run leaves `<workdir>/<run>/DONE.json` (written atomically, so a killed run
-never looks finished) and is skipped next time; a failed run is recorded and retried next time.
+never looks finished) and is skipped next time; a failed run is recorded and retried next time. A
+finished run whose config has changed since (a new `--set`, an edited sweep file) is refused up front
+unless `--force`, which reruns it (and resumes its training whatever its config). Run names are single
+folder names: a name that would leave the workdir (`../x`, `a/b`) is an error.
 For pods, each host takes runs i with i % num_hosts == host_index. After the runs, the results of
 every finished run (from any host, via the shared workdir) are collected into `results.csv`,
 `results.md` and `results.png`.
@@ -28,6 +31,8 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
+import functools
 import io
 import itertools
 import json
@@ -40,12 +45,11 @@ import traceback
 import yaml
 
 from zarya_jax import overrides
-from zarya_jax.config import ConfigError
-from zarya_jax.files import atomic_write, atomic_write_json
+from zarya_jax.files import atomic_write, atomic_write_json, check_writable_dir
 from zarya_jax.overrides import to_dict
 from zarya_jax.provenance import provenance
 
-from . import pipeline
+from . import cli, pipeline
 from .plots import sweep_plot
 
 DONE = "DONE.json"
@@ -87,6 +91,14 @@ def _slug(value) -> str:
     return re.sub(r"[^A-Za-z0-9.+-]+", "-", text).strip("-")
 
 
+def check_run_name(name: str) -> None:
+    """A run's folder is `<workdir>/<name>`: the name must be one plain folder name."""
+    if (not name or name in (".", "..") or name.startswith(".") or any(c in name for c in "/\\\0")
+            or len(name) > 200):
+        raise SweepError(f"run name {name!r}: expected one folder name (no '/', '\\', leading '.', or '..'; "
+                         "at most 200 characters)")
+
+
 def expand(spec: dict) -> list[tuple[str, dict]]:
     """[(run name, overrides)] in a fixed order: runs × grid, base overrides first."""
     base = dict(spec.get("base") or {})
@@ -102,6 +114,7 @@ def expand(spec: dict) -> list[tuple[str, dict]]:
             parts = ([run_name] if run_name else [f"{k.split('.')[-1]}={_slug(v)}" for k, v in run.items()])
             parts += [f"{k.split('.')[-1]}={_slug(v)}" for k, v in zip(keys, combo)]
             name = ",".join(parts) or "base"
+            check_run_name(name)
             if name in names:
                 raise SweepError(f"two runs share the name {name!r}: give the runs distinct 'name' fields")
             names.add(name)
@@ -109,11 +122,18 @@ def expand(spec: dict) -> list[tuple[str, dict]]:
     return out
 
 
-def configs(runs: list[tuple[str, dict]], extra: dict | None = None) -> dict[str, pipeline.PipelineConfig]:
+def configs(runs: list[tuple[str, dict]], extra: dict | None = None, group: str = "") -> dict[str, pipeline.PipelineConfig]:
     """Every run's config: the pipeline defaults with the run's overrides (then `extra`) applied; a typo
-    or a badly typed value is a `ConfigError` naming the key, before anything runs."""
+    or a badly typed value is a `ConfigError` naming the key, before anything runs. Unless set, the
+    experiment tracker's group is `group` (the sweep's name) and its run name the run's."""
     base = pipeline.default_config()
-    return {name: overrides.apply(base, {**ov, **(extra or {})}) for name, ov in runs}
+    out = {}
+    for name, ov in runs:
+        cfg = overrides.apply(base, {**ov, **(extra or {})})
+        t = cfg.train
+        out[name] = cfg.replace(train=dataclasses.replace(t, tracker_group=t.tracker_group or group,
+                                                          tracker_run=t.tracker_run or name))
+    return out
 
 
 def my_share(runs: list, host_index: int, num_hosts: int) -> list:
@@ -122,23 +142,47 @@ def my_share(runs: list, host_index: int, num_hosts: int) -> list:
     return [r for i, r in enumerate(runs) if i % num_hosts == host_index]
 
 
+def changed_runs(workdir: str, run_configs: dict) -> list[str]:
+    """Finished runs (DONE.json) whose recorded config differs from the one they would run with now."""
+    out = []
+    for name, config in run_configs.items():
+        path = os.path.join(workdir, name, DONE)
+        if not os.path.exists(path):
+            continue
+        try:
+            with open(path) as f:
+                recorded = json.load(f).get("config")
+        except (OSError, ValueError, AttributeError):
+            recorded = None
+        if not isinstance(recorded, dict) or pipeline.comparable(recorded) != pipeline.comparable(to_dict(config)):
+            out.append(name)
+    return out
+
+
 def run_sweep(spec: dict, workdir: str, run_fn=None, host_index: int = 0, num_hosts: int = 1,
-              extra_overrides: dict | None = None, log=print) -> dict:
+              extra_overrides: dict | None = None, log=print, force: bool = False) -> dict:
     """Runs this host's unfinished runs; returns {"done": [...], "skipped": [...], "failed": [...]}.
 
-    `run_fn(run_config, run_dir) -> metrics dict` defaults to the quickstart pipeline.
+    `run_fn(run_config, run_dir) -> metrics dict` defaults to the quickstart pipeline. A finished run
+    whose config changed is refused (SweepError, before anything runs) unless `force` reruns it.
     """
-    run_fn = run_fn or pipeline.run_pipeline
+    run_fn = run_fn or functools.partial(pipeline.run_pipeline, force=force)
     runs = expand(spec)
     # Validate every run's overrides before any compute, so a typo fails the sweep up front.
-    run_configs = configs(runs, extra_overrides)
+    run_configs = configs(runs, extra_overrides, spec.get("name", ""))
+    mine = my_share(runs, host_index, num_hosts)
+    check_writable_dir(workdir, "--workdir")
+    changed = changed_runs(workdir, {name: run_configs[name] for name, _ in mine})
+    if changed and not force:
+        raise SweepError(f"finished run(s) {changed} in {workdir!r} were made with another config than they would "
+                         "run with now; use --force to rerun them, or another --workdir")
     os.makedirs(workdir, exist_ok=True)
     atomic_write_json(os.path.join(workdir, "sweep.json"), {"spec": spec, "runs": [n for n, _ in runs]}, default=str)
     status = {"done": [], "skipped": [], "failed": []}
-    for name, overrides in my_share(runs, host_index, num_hosts):
+    for name, overrides in mine:
         overrides = {**overrides, **(extra_overrides or {})}
         run_dir = os.path.join(workdir, name)
-        if os.path.exists(os.path.join(run_dir, DONE)):
+        if os.path.exists(os.path.join(run_dir, DONE)) and name not in changed:
             log(f"[sweep] {name}: finished earlier, skipped")
             status["skipped"].append(name)
             continue
@@ -238,14 +282,17 @@ def main(argv=None) -> int:
     p.add_argument("--dry-run", action="store_true",
                    help="validate every run's overrides, list this host's runs with their typed values, run nothing")
     p.add_argument("--collect-only", action="store_true", help="only rebuild the results table from finished runs")
+    p.add_argument("--force", action="store_true",
+                   help="rerun finished runs whose config changed, and resume trainings whatever their config")
+    p.add_argument("--no-verify", action="store_true",
+                   help="read checkpoints without checking their checksums (train.verify_checkpoints=false)")
     args = p.parse_args(argv)
-    return pipeline.command(lambda: _run(args), (SweepError, ConfigError),
-                            "; rerun to resume (finished runs are skipped)")
+    return cli.run(lambda: _run(args), "; rerun to resume (finished runs are skipped)")
 
 
 def _run(args) -> int:
     spec = load_spec(args.spec)
-    extra = overrides.parse_all(args.set)
+    extra = {**overrides.parse_all(args.set), **({"train.verify_checkpoints": False} if args.no_verify else {})}
     workdir = args.workdir or os.path.join("runs", "sweeps", spec["name"])
     if args.dry_run:
         runs = expand(spec)
@@ -256,7 +303,8 @@ def _run(args) -> int:
         return 0
     status = {"failed": []}
     if not args.collect_only:
-        status = run_sweep(spec, workdir, host_index=args.host_index, num_hosts=args.num_hosts, extra_overrides=extra)
+        status = run_sweep(spec, workdir, host_index=args.host_index, num_hosts=args.num_hosts, extra_overrides=extra,
+                           force=args.force)
     rows = collect(spec, workdir)
     written = write_tables(rows, workdir, spec["name"])
     print(open(os.path.join(workdir, "results.md")).read())

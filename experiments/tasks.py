@@ -8,6 +8,9 @@ import argparse
 import sys
 
 from zarya_jax.eval import tasks
+from zarya_jax.files import check_writable_dir
+
+from . import cli
 
 
 def main(argv=None) -> int:
@@ -20,11 +23,15 @@ def main(argv=None) -> int:
     p.add_argument("--difficulty", type=int, default=1, choices=sorted(tasks.DIFFICULTY))
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    try:
-        paths = tasks.write_splits(args.out, args.train, args.test, args.seed, args.difficulty, args.val)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return cli.run(lambda: _run(args))
+
+
+def _run(args) -> int:
+    for flag in ("train", "test", "val"):
+        if not 0 <= getattr(args, flag) <= tasks.MAX_PROBLEMS:
+            raise ValueError(f"--{flag}={getattr(args, flag)}: expected 0 … {tasks.MAX_PROBLEMS}")
+    check_writable_dir(args.out, "--out")
+    paths = tasks.write_splits(args.out, args.train, args.test, args.seed, args.difficulty, args.val)
     print("\n".join(paths.values()))
     return 0
 

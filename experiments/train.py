@@ -7,7 +7,9 @@ PRESET_OR_FILE: a name in zarya_jax/configs/ (tiny, small, 100m, qwen3-0.6b) or 
 sections model / zarya / optim / data / mesh / train. Every knob below can be overridden with --set
 (values are YAML: numbers, true/false, lists like [2,4,8] or comma strings 2,4,8).
 A workdir with checkpoints is resumed from its latest checkpoint (same config required unless --force).
-Exit status: 0 done, 2 bad input, 3 non-finite loss, 128 + signal when interrupted.
+Checkpoints are verified against their checksums when read (resume, --init-from); --no-verify skips it.
+Exit status: 0 done, 2 bad input (a damaged checkpoint included), 3 diverged (non-finite or exploding
+step, loss spike, vanished gradient: `train.divergence.*`), 128 + signal when interrupted.
 """
 from __future__ import annotations
 
@@ -16,11 +18,10 @@ import json
 import sys
 
 from zarya_jax import overrides
-from zarya_jax.config import ConfigError
-from zarya_jax.data.pipeline import DataError
 from zarya_jax.train import config as rc
 from zarya_jax.train.loop import train
-from zarya_jax.train.step import NonFiniteError
+
+from . import cli
 
 
 def parser() -> argparse.ArgumentParser:
@@ -32,22 +33,23 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", required=True, help="run directory: checkpoints, metrics.jsonl, tb/, final/")
     p.add_argument("--init-from", default=None, help="converted checkpoint to start from (train.init_from)")
     p.add_argument("--force", action="store_true", help="resume even if the workdir holds a different config")
+    p.add_argument("--no-verify", action="store_true",
+                   help="read checkpoints without checking their checksums (train.verify_checkpoints=false)")
     return p
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    return cli.run(lambda: _run(args))
+
+
+def _run(args) -> int:
     overrides = list(args.overrides)
     if args.init_from:
         overrides.append(f"train.init_from={args.init_from}")
-    try:
-        summary = train(rc.load(args.config, overrides), args.workdir, force=args.force)
-    except (ConfigError, DataError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except NonFiniteError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 3
+    if args.no_verify:
+        overrides.append("train.verify_checkpoints=false")
+    summary = train(rc.load(args.config, overrides), args.workdir, force=args.force)
     print(json.dumps({k: v for k, v in summary.items() if k != "state"}, indent=2, default=str))
     return 128 + summary["signal"] if summary["status"] == "interrupted" else 0
 

@@ -14,7 +14,9 @@ logging). The run config (`--config`, default `tiny`, plus `--set` overrides) su
 the model, which comes from the checkpoint; `lora.*` is the adapter (its noise convention is saved
 with it and used when sampling), `drafter.*` the objective. optim.weight_decay defaults to 0 here (as
 Uno). Output: DIR/adapter/adapter.safetensors (load with `zarya_jax.lora.load`) and DIR/drafter.json.
-Exit status: 0 done, 2 bad input, 3 non-finite loss, 128 + signal when interrupted.
+Checkpoints (the base, the run's own) are verified against their checksums; --no-verify skips it.
+Exit status: 0 done, 2 bad input (a damaged checkpoint included), 3 diverged, 128 + signal when
+interrupted.
 """
 from __future__ import annotations
 
@@ -23,11 +25,10 @@ import json
 import sys
 
 from zarya_jax import overrides
-from zarya_jax.config import ConfigError
-from zarya_jax.data.pipeline import DataError
 from zarya_jax.train import config as rc
 from zarya_jax.train import drafter as drafter_run
-from zarya_jax.train.step import NonFiniteError
+
+from . import cli
 
 
 def parser() -> argparse.ArgumentParser:
@@ -40,20 +41,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a knob (list below), repeatable")
     p.add_argument("--force", action="store_true", help="resume even if DIR holds a different config")
+    p.add_argument("--no-verify", action="store_true",
+                   help="read checkpoints without checking their checksums (train.verify_checkpoints=false)")
     return p
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    try:
-        cfg = drafter_run.load_config(args.config, args.overrides)
-        summary = drafter_run.train_drafter(cfg, args.base, args.workdir, force=args.force)
-    except (ConfigError, DataError, FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except NonFiniteError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 3
+    return cli.run(lambda: _run(args))
+
+
+def _run(args) -> int:
+    overrides = list(args.overrides) + (["train.verify_checkpoints=false"] if args.no_verify else [])
+    cfg = drafter_run.load_config(args.config, overrides)
+    summary = drafter_run.train_drafter(cfg, args.base, args.workdir, force=args.force)
     print(json.dumps(summary, indent=2, default=str))
     return 128 + summary["signal"] if summary["status"] == "interrupted" else 0
 

@@ -13,6 +13,7 @@ from zarya_jax import checkpoint
 from zarya_jax.config import ZaryaConfig
 from zarya_jax.data.tokenizer import ByteTokenizer, load_tokenizer
 from zarya_jax.nn import hf_params
+from zarya_jax.nn.integrity import CheckpointError
 
 
 def flat(params) -> dict:
@@ -101,8 +102,10 @@ def test_wrong_shapes_and_missing_files(saved, tiny_config, tiny_params, tmp_pat
     meta = json.loads((copy / "config.json").read_text())
     meta["model"]["intermediate_size"] = 96
     (copy / "config.json").write_text(json.dumps(meta))
-    with pytest.raises(hf_params.ShapeError, match="gate_proj"):
+    with pytest.raises(CheckpointError, match="config.json differs from the checksum"):
         checkpoint.load(copy)
+    with pytest.raises(hf_params.ShapeError, match="gate_proj"):
+        checkpoint.load(copy, verify=False)
 
 
 def test_restore_into_shardings(saved, tiny_params):

@@ -1,7 +1,9 @@
 """Converters both ways on real (tiny, random) Hugging Face Qwen3 directories: bit-identical round
 trips, sharded safetensors, the mask token (SPEC §1), transformers loading the export, bad input."""
+import contextlib
 import copy
 import glob
+import io
 import json
 import os
 import shutil
@@ -177,13 +179,15 @@ def test_add_mask_token_tied_then_not_twice(work):
 
 
 def assert_fails(main, argv, *fragments):
-    """The CLI exits with a one-line 'error: …' naming the problem and leaves no output behind."""
+    """The CLI exits with status 2 and one line 'error: …' naming the problem, and leaves no output behind."""
     out = Path(argv[argv.index("--out") + 1])
     before = set(os.listdir(out.parent)) if out.parent.exists() else set()
-    with pytest.raises(SystemExit) as e:
-        main([str(a) for a in argv])
-    message = e.value.code
-    assert isinstance(message, str) and message.startswith("error: ") and "\n" not in message, message
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main([str(a) for a in argv])
+    errors = [line for line in err.getvalue().splitlines() if line.startswith("error: ")]
+    assert code == 2 and len(errors) == 1, err.getvalue()
+    message = errors[0]
     for fragment in fragments:
         assert fragment in message, (fragment, message)
     if out.parent.exists():
@@ -258,6 +262,6 @@ def test_jax_to_hf_bad_checkpoint_and_size(hf_dir, ckpt, tmp_path):
 def test_cli_subprocess_exit_code(tmp_path):
     result = subprocess.run([sys.executable, "-m", "conversion.hf_to_jax", "--hf-dir", str(tmp_path / "nope"),
                              "--out", str(tmp_path / "o")], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("error: --hf-dir")
     assert not (tmp_path / "o").exists()

@@ -25,7 +25,7 @@ def _records(n):
 
 def _examples(n):
     cfg = D.DataConfig(train=("x.jsonl",), max_length=16)
-    return D.tokenize([("pa", (r["prompt"], r["answer"])) for r in _records(n)], TOK, cfg)[0]
+    return D.tokenize(_records(n), TOK, cfg)[0]
 
 
 def test_records_and_tokens(tmp_path):
@@ -58,7 +58,7 @@ def test_missing_file_and_empty():
 
 
 def test_over_length_truncate_and_drop():
-    recs = [("pa", ("abcd", "0123456789")), ("pa", ("p" * 9, "x")), ("pa", ("ab", "cd"))]
+    recs = [{"prompt": p, "answer": a} for p, a in (("abcd", "0123456789"), ("p" * 9, "x"), ("ab", "cd"))]
     kept, stats = D.tokenize(recs, TOK, D.DataConfig(max_length=8))
     # 1st: answer cut to 8-4 = 4 tokens; 2nd: prompt leaves no room -> dropped; 3rd fits (2+3).
     assert [len(p) + len(a) for p, a in kept] == [8, 5]

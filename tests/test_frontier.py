@@ -34,6 +34,9 @@ def test_choose_and_pareto():
     assert chosen["slotted"]["tokens_per_forward"] == 5.0 and chosen["slotted"]["within_tolerance"]
     assert chosen["mdm"]["accuracy"] == 0.40 and not chosen["mdm"]["within_tolerance"]  # none close: most accurate
     assert chosen["ar"]["accuracy"] == 0.90
+    strict = frontier.choose(rows, tolerance=0.0)   # the default: at least AR's accuracy, else the most accurate
+    assert strict["slotted"]["tokens_per_forward"] == 3.0 and not strict["slotted"]["within_tolerance"]
+    assert FrontierConfig().tolerance == 0.0
     front = frontier.pareto(rows)
     assert [(r["mode"], r["tokens_per_forward"]) for r in front] == [
         ("ar", 1.0), ("slotted", 3.0), ("slotted", 6.0), ("slotted", 5.0), ("mdm", 2.0), ("mdm", 1.0)]

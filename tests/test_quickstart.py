@@ -4,6 +4,7 @@ greedy decode with full (uncached) forwards, and lossless self-speculation again
 import json
 import math
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -142,3 +143,23 @@ def test_bad_flags_leave_no_output(tmp_path, capsys):
     assert "no_such_knob" in capsys.readouterr().err
     assert quickstart.main(["--smoke", "--workdir", out, "--ckpt", str(tmp_path / "missing")]) == 2
     assert not os.path.exists(os.path.join(out, "report.json"))
+
+
+def test_rerun_is_a_no_op_and_a_moved_workdir_resumes(smoke_run, tmp_path):
+    """The same command again changes nothing; the workdir moved elsewhere and evaluated in another way
+    reuses its training (fingerprinted data, recorded numbers: never nulls) and re-evaluates."""
+    from test_bad_inputs import snapshot
+
+    workdir, report, preds = smoke_run
+    before = snapshot(workdir)
+    assert quickstart.main(["--smoke", "--workdir", workdir, "--no-progress"]) == 0
+    assert snapshot(workdir) == before
+    moved = tmp_path / "moved"
+    shutil.copytree(workdir, moved)
+    metrics = open(moved / "train" / "metrics.jsonl").read()
+    assert quickstart.main(["--smoke", "--workdir", str(moved), "--no-progress", "--modes", "ar",
+                            "--set", "frontier.enabled=false", "--set", "eval.batch1_examples=0"]) == 0
+    again = json.load(open(moved / "report.json"))
+    assert again["train"] == report["train"]            # the training's own numbers, not a rerun's nulls
+    assert open(moved / "train" / "metrics.jsonl").read() == metrics
+    assert [r["mode"] for r in again["modes"]] == ["ar"] and again["modes"][0]["accuracy"] == report["modes"][0]["accuracy"]

@@ -1,5 +1,6 @@
 """Frozen, hashable configs: the Qwen3 backbone (`ModelConfig`), the Zarya diffusion
-hyperparameters (`ZaryaConfig`, SPEC §1–§3) and the gated-LoRA adapter (`LoraConfig`, SPEC §7).
+hyperparameters (`ZaryaConfig`, SPEC §1–§3), the gated-LoRA adapter (`LoraConfig`, SPEC §7) and how
+records become prompts (`PromptFormat`, rendered by `zarya_jax.data.render`).
 
 Configs are jit-static: every field is a Python scalar or tuple, so a config can be passed as a
 `static_argnums` argument and hashed into a compile cache key.
@@ -178,6 +179,43 @@ class LoraConfig:
     @property
     def scale(self) -> float:
         return self.alpha / self.rank
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptFormat:
+    """How a data record becomes the text the model sees (`zarya_jax.data.render`): training, evaluation,
+    generation and the lm-evaluation-harness adapter all render through it, and a trained checkpoint
+    records it (`config.json` → "prompt"), so a checkpoint is evaluated exactly as it was trained.
+
+    prompt_key / answer_key: the record's fields (GSM8K: `question`, `answer`); chat records
+    (`messages`) are read as they are. prompt_template: the user turn, with `{prompt}` standing for the
+    prompt field (e.g. "Question: {prompt}\nAnswer:"). chat_template: render through the tokenizer's
+    chat template when it has one (else the plain text). system: a system message (chat template) or
+    first line (plain text); "" = none. enable_thinking: passed to chat templates that take it (Qwen3);
+    None = the template's default.
+    """
+
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+    prompt_template: str = "{prompt}"
+    chat_template: bool = True
+    system: str = ""
+    enable_thinking: bool | None = None
+
+    def __post_init__(self):
+        for name in ("prompt_key", "answer_key"):
+            if not getattr(self, name):
+                raise ConfigError(f"{name}={getattr(self, name)!r}: expected a record field name")
+        try:
+            self.prompt_template.format(prompt="")
+        except (KeyError, IndexError, ValueError) as e:
+            raise ConfigError(f"prompt_template={self.prompt_template!r}: expected a text with {{prompt}} as the "
+                              f"only placeholder (double other braces: {{{{ }}}}); {type(e).__name__}: {e}") from None
+
+    @classmethod
+    def of(cls, config) -> "PromptFormat":
+        """The PromptFormat fields of a config that extends it (e.g. `DataConfig`)."""
+        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
 
 
 # Hugging Face's exact dimensions (Qwen/Qwen3-*/config.json); vocab before the mask token is added.

@@ -4,6 +4,9 @@ A failed command must leave no half-written output (DESIGN: errors): each writer
 under a temporary name in the destination's own directory (so the final rename stays on one file
 system and is atomic) and renames it into place only when it is complete; on any error the
 temporary file or directory is removed and the destination is left as it was.
+
+And no command should find out only after its compute that it cannot write its results:
+`check_writable_dir` / `check_writable_file` check an output location up front, without creating it.
 """
 from __future__ import annotations
 
@@ -13,6 +16,45 @@ import os
 import shutil
 import tempfile
 from typing import Any, Iterator
+
+
+class OutputPathError(ValueError):
+    """An output location that is not a writable directory (or file path)."""
+
+
+def _probe(directory: str, what: str) -> None:
+    """Creates and removes a file in `directory` (permission bits do not tell: root, read-only mounts)."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".probe-")
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        raise OutputPathError(f"{what}: cannot write in {directory!r} ({e.strerror or e})") from None
+
+
+def check_writable_dir(path: str | os.PathLike, what: str = "output directory") -> None:
+    """Raises OutputPathError unless `path` is a writable directory or could be created as one. Creates
+    nothing."""
+    path = os.path.abspath(os.fspath(path))
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise OutputPathError(f"{what} {path!r} exists and is not a directory")
+        _probe(path, f"{what} {path!r}")
+        return
+    ancestor = os.path.dirname(path)
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise OutputPathError(f"{what} {path!r} cannot be created: {ancestor!r} is a file, not a directory")
+    _probe(ancestor, f"{what} {path!r}")
+
+
+def check_writable_file(path: str | os.PathLike, what: str = "output file") -> None:
+    """Raises OutputPathError unless `path` can be written as a file (its folder checked as above)."""
+    path = os.path.abspath(os.fspath(path))
+    if os.path.isdir(path):
+        raise OutputPathError(f"{what} {path!r} is a directory, expected a file path")
+    check_writable_dir(os.path.dirname(path), f"{what} {path!r}: its folder")
 
 
 def _parent(path: str | os.PathLike) -> str:

@@ -13,6 +13,8 @@ models with their weights copied into our params.
   predictable and its MDM pass can self-draft) and `uno_adapters()` (an untrained adapter and one
   trained a little with the TV loss): the models of the Uno tests.
 - `random_hf_model`: a random transformers `Qwen3ForCausalLM` of a `ModelConfig`, and its params.
+- `chat_tokenizer`: a character-level Hugging Face tokenizer with Qwen3's chat template and special
+  tokens, saved to a directory (nothing to download), and its vocabulary.
 """
 from __future__ import annotations
 
@@ -160,3 +162,31 @@ def random_hf_model(config: ModelConfig, seed: int = 0, **hf_overrides):
     model = Qwen3ForCausalLM(hf_config).eval()
     state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     return model, jax.tree.map(jnp.asarray, hf_params.from_hf(state, config))
+
+
+# A Qwen3-style chat template (system turn, user/assistant turns, the generation prompt, `enable_thinking`).
+QWEN_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}")
+CHAT_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<mdm_mask>", "<think>", "</think>")
+
+
+def chat_tokenizer(directory: str) -> dict[str, int]:
+    """Saves a character-level tokenizer (printable ASCII + newline) with Qwen3's special tokens and chat
+    template to `directory` (EOS `<|im_end|>`, pad `<|endoftext|>`); returns its vocabulary (≤ 128 ids,
+    so the tiny presets' 264-row embedding covers it)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers  # transformers' side, for HF tests only
+    from transformers import PreTrainedTokenizerFast
+
+    chars = ["\n"] + [chr(c) for c in range(32, 127)]
+    vocab = {t: i for i, t in enumerate(list(CHAT_SPECIALS) + ["<unk>"] + chars)}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tk.decoder = decoders.Fuse()
+    tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in CHAT_SPECIALS])
+    hf = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                 unk_token="<unk>")
+    hf.chat_template = QWEN_CHAT_TEMPLATE
+    hf.save_pretrained(directory)
+    return vocab

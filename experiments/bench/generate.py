@@ -44,6 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ckpt", default=None, help="benchmark this checkpoint instead of a random model")
     p.add_argument("--no-hf", action="store_true", help="skip transformers' PyTorch generate")
+    p.add_argument("--no-verify", action="store_true", help="load --ckpt without checking its checksums")
     p.add_argument("--no-uncached", action="store_true", help="skip the cache-free AR decode")
 
 
@@ -59,11 +60,11 @@ def _random_model(layers, hidden, heads, kv_heads, vocab, seed):
 
 def bench(batch_sizes=(1, 8, 32), modes=("ar", "mdm", "slotted"), max_new_tokens=32, prompt_len=16, layers=2,
           hidden=128, heads=4, kv_heads=2, vocab=264, slot_size=4, serial_num_blocks=2, steps=0, repeats=3, seed=0,
-          ckpt=None, hf=True, uncached=True) -> dict:
+          ckpt=None, hf=True, uncached=True, verify=True) -> dict:
     """Runs the benchmark; returns {'config': …, 'rows': [one dict per (batch, mode)]}."""
     hf_model = None
     if ckpt is not None:
-        params, config = checkpoint.load(ckpt)
+        params, config = checkpoint.load(ckpt, verify=verify)
         if hf:
             raise ValueError("--ckpt: the HF comparison needs the random model; pass --no-hf with --ckpt")
     else:
@@ -156,6 +157,7 @@ def run(args) -> tuple[dict, str]:
         raise ValueError(f"--vocab={args.vocab}: expected ≥ 16 (special tokens sit at the top of the vocabulary)")
     results = bench(args.batch_sizes, modes, args.max_new_tokens, args.prompt_len, args.layers, args.hidden,
                     args.heads, args.kv_heads, args.vocab, args.slot_size, args.serial_num_blocks, args.steps,
-                    args.repeats, args.seed, args.ckpt, hf=not args.no_hf, uncached=not args.no_uncached)
+                    args.repeats, args.seed, args.ckpt, hf=not args.no_hf, uncached=not args.no_uncached,
+                    verify=not args.no_verify)
     return results, markdown(results)
 

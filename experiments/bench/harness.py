@@ -3,7 +3,8 @@ helpers every benchmark uses, and the result files.
 
 A benchmark is a module with `add_arguments(parser)` and `run(args) -> (results dict, markdown)`;
 `main` parses `--out DIR` and the subcommand, runs it, writes `DIR/NAME.json` and `DIR/NAME.md`
-atomically and prints the Markdown. Bad options print one `error:` line and exit with status 2.
+atomically and prints the Markdown. Bad options print one `error:` line and exit with status 2 (`--out`
+is checked writable before the benchmark runs).
 """
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ import sys
 import time
 from typing import Any, Callable
 
-from zarya_jax.files import atomic_write, atomic_write_json
+from zarya_jax.files import atomic_write, atomic_write_json, check_writable_dir
+
+from .. import cli
 
 
 def csv_ints(text: str) -> list[int]:
@@ -98,11 +101,12 @@ def main(benchmarks: dict, argv=None, description: str = "") -> int:
                             formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(sp)
     args = p.parse_args(argv)
-    try:
+
+    def body() -> int:
+        check_writable_dir(args.out, "--out")
         results, md = benchmarks[args.command].run(args)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    write_results(args.out, args.command, results, md)
-    print(md)
-    return 0
+        write_results(args.out, args.command, results, md)
+        print(md)
+        return 0
+
+    return cli.run(body)

@@ -26,7 +26,8 @@ from zarya_jax import checkpoint as ckpt_lib
 from zarya_jax import lora as lora_lib
 from zarya_jax.config import LoraConfig
 from zarya_jax.data.tokenizer import load_tokenizer
-from zarya_jax.eval.evaluate import prompt_and_answer
+from zarya_jax.data import render
+from zarya_jax.eval.evaluate import prompt_format_for
 from zarya_jax.eval.tasks import read_jsonl
 from zarya_jax.objectives.drafter import DrafterConfig
 from zarya_jax.sampling import GenerationConfig, generate
@@ -42,7 +43,7 @@ def measure(ckpt: str | None = None, adapter: str | None = None, *, draft_length
         max_new_tokens: int = 128, prompt_length: int = 16, temperature: float = 0.0, repeats: int = 3,
         drafters=("lora", "self"), pretrain_steps: int = 300, drafter_steps: int = 200, lora_rank: int = 16,
         lora_alpha: float = 256.0, seed: int = 0, prompts_file: str | None = None, size: str = "small",
-        train_length: int = 64, log=print) -> dict:
+        train_length: int = 64, log=print, verify: bool = True) -> dict:
     """Measures Ψ-Spec against the AR sampler (module doc). Returns {'setup': …, 'results': [row, …]}
     with one row per (drafter, F, batch): accepted_per_cycle, tokens_per_cycle, tokens_per_forward,
     acceptance_by_position, ar_s, spec_s (best of `repeats`), speedup = ar_s / spec_s.
@@ -57,7 +58,7 @@ def measure(ckpt: str | None = None, adapter: str | None = None, *, draft_length
         raise ValueError("with --ckpt the LoRA drafter needs --adapter (train one with experiments.train_drafter), "
                          "or use --drafters self")
     if ckpt:
-        params, config = ckpt_lib.load(ckpt)
+        params, config = ckpt_lib.load(ckpt, verify=verify)
         setup["model"] = os.path.abspath(ckpt)
     else:
         if size not in ("small", "tiny"):
@@ -72,7 +73,7 @@ def measure(ckpt: str | None = None, adapter: str | None = None, *, draft_length
     lora_params = lora = None
     if "lora" in drafters:
         if adapter:
-            lora_params, lora = lora_lib.load(adapter)
+            lora_params, lora = lora_lib.load(adapter, verify=verify)
             setup["adapter"] = os.path.abspath(adapter)
         else:
             lora = LoraConfig(rank=lora_rank, alpha=lora_alpha)
@@ -91,7 +92,8 @@ def measure(ckpt: str | None = None, adapter: str | None = None, *, draft_length
     pool = None
     if prompts_file:
         tok = load_tokenizer((ckpt_lib.tokenizer_dir(ckpt) if ckpt else None) or "byte")
-        pool = [tok.encode(prompt_and_answer(record, tok)[0]) for record in read_jsonl(prompts_file)]
+        fmt = prompt_format_for(ckpt)
+        pool = [tok.encode(render.render(record, tok, fmt)[0]) for record in read_jsonl(prompts_file, fmt)]
         prompt_length = max(len(p) for p in pool)
         setup["prompts"] = f"{len(pool)} prompts from {os.path.abspath(prompts_file)}"
     results = []
@@ -158,6 +160,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pretrain-steps", type=int, default=300)
     p.add_argument("--drafter-steps", type=int, default=200)
     p.add_argument("--prompts-file", default=None, help="JSONL of prompt/answer records to use as prompts")
+    p.add_argument("--no-verify", action="store_true", help="load --ckpt / --adapter without checking their checksums")
 
 
 def run(args) -> tuple[dict, str]:
@@ -173,7 +176,8 @@ def run(args) -> tuple[dict, str]:
                      batch_sizes=_ints(args.batch_sizes, "--batch-sizes"), max_new_tokens=args.max_new_tokens,
                      prompt_length=args.prompt_length, temperature=args.temperature, repeats=args.repeats,
                      drafters=drafters, pretrain_steps=args.pretrain_steps, drafter_steps=args.drafter_steps,
-                     prompts_file=args.prompts_file, size=args.size, train_length=args.train_length)
+                     prompts_file=args.prompts_file, size=args.size, train_length=args.train_length,
+                     verify=not args.no_verify)
     head = "".join(f"{k}: {v}\n\n" for k, v in result["setup"].items() if k in ("model", "adapter", "prompts"))
     cols = ["drafter", "draft_length", "batch", "accepted_per_cycle", "tokens_per_cycle", "tokens_per_forward",
             "ar_s", "spec_s", "speedup", "identical_to_ar"]

@@ -1,11 +1,11 @@
 """Supervised data: JSONL records → tokenized (prompt, answer) examples → grain pipelines of fixed-shape
 batches in the format of `zarya_jax.data.batch` (SPEC §2–§3 train on prompt + answer, answer supervised).
 
-Records, one JSON object per line: `{"prompt": str, "answer": str}` or chat
-`{"messages": [{"role", "content"}, …]}` whose last message is the assistant's answer. With a Hugging
-Face tokenizer that has a chat template, the prompt goes through it (a prompt/answer record becomes
-one user turn); otherwise the plain "role: content" fallback of `data.tokenizer` is used for chats and
-the raw prompt text for prompt/answer records. EOS is appended to the answer.
+Records, one JSON object per line: `{"prompt": str, "answer": str}` (other field names through
+`prompt_key` / `answer_key`) or chat `{"messages": [{"role", "content"}, …]}` whose last message is the
+assistant's answer, rendered by `zarya_jax.data.render` with the `PromptFormat` fields of `DataConfig`
+(chat template, system message, prompt template): the same rendering evaluation and generation use.
+EOS is appended to the answer.
 
 Files are read, validated (line numbers in errors) and tokenized once at startup, so every error and
 the over-length counts are known before any compute. Shuffling, epochs, host sharding, padding/packing
@@ -18,15 +18,15 @@ positions int32 [B, L] (logical, restarting at 0 in each example); answer_mask b
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-from typing import Any, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import grain
 import numpy as np
 
-from ..config import ConfigError
-from .tokenizer import plain_chat
+from ..config import ConfigError, PromptFormat
+from . import render
+from .records import jsonl_lines
 
 
 class DataError(ValueError):
@@ -34,14 +34,15 @@ class DataError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
-class DataConfig:
-    """Where the data is and how it becomes batches. `batch_size` is global (all hosts)."""
+class DataConfig(PromptFormat):
+    """Where the data is and how it becomes batches. `batch_size` is global (all hosts). The fields of
+    `PromptFormat` (`prompt_key`, `answer_key`, `prompt_template`, `chat_template`, `system`,
+    `enable_thinking`) say how records are rendered; the trained checkpoint records them."""
 
     train: tuple[str, ...] = ()
     eval: tuple[str, ...] = ()
     eval_fraction: float = 0.0  # held out from the end of `train` when `eval` is empty
     tokenizer: str = "byte"  # 'byte' or a Hugging Face tokenizer directory
-    chat_template: bool = True
     add_eos: bool = True
     max_length: int = 256
     pack: bool = False
@@ -54,6 +55,7 @@ class DataConfig:
     prefetch: int = 4
 
     def __post_init__(self):
+        super().__post_init__()
         for name in ("train", "eval"):
             v = getattr(self, name)
             object.__setattr__(self, name, (v,) if isinstance(v, str) else tuple(v or ()))
@@ -74,27 +76,10 @@ class DataConfig:
 # ------------------------------------------------------------------ reading and tokenizing
 
 
-def _check_record(rec: Any) -> tuple[str, Any]:
-    """('pa', (prompt, answer)) or ('chat', messages); raises ValueError naming what is wrong."""
-    if not isinstance(rec, dict):
-        raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
-    if "messages" in rec:
-        msgs = rec["messages"]
-        if not isinstance(msgs, list) or not msgs:
-            raise ValueError("'messages' must be a non-empty list")
-        for m in msgs:
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise ValueError("each message needs string 'role' and 'content'")
-        if msgs[-1]["role"] != "assistant":
-            raise ValueError("the last message must be the assistant's (the supervised answer)")
-        return "chat", msgs
-    if not isinstance(rec.get("prompt"), str) or not isinstance(rec.get("answer"), str):
-        raise ValueError(f"expected string fields 'prompt' and 'answer' (or 'messages'), got keys {sorted(rec)}")
-    return "pa", (rec["prompt"], rec["answer"])
-
-
-def read_records(paths: Sequence[str], on_malformed: str = "fail") -> tuple[list[tuple[str, Any]], dict]:
-    """Parses JSONL files. Returns (records, {'malformed_skipped': n}). Errors name file and line."""
+def read_records(paths: Sequence[str], on_malformed: str = "fail",
+                 fmt: PromptFormat = PromptFormat()) -> tuple[list[dict], dict]:
+    """Parses JSONL files into records valid under `fmt` (`render.parse`). Returns (records,
+    {'malformed_skipped': n}). Errors name file and line."""
     if not paths:
         raise DataError("no data files given (set data.train=PATH)")
     records, skipped = [], 0
@@ -104,32 +89,20 @@ def read_records(paths: Sequence[str], on_malformed: str = "fail") -> tuple[list
                             f"or messages records)")
         if not path.endswith((".jsonl", ".json")):
             raise DataError(f"data file {path!r}: expected a .jsonl file")
-        with open(path, encoding="utf-8") as f:
-            for line_no, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    records.append(_check_record(json.loads(line)))
-                except ValueError as e:  # json.JSONDecodeError is a ValueError
-                    if on_malformed == "fail":
-                        raise DataError(f"{path}:{line_no}: malformed record: {e} "
-                                        f"(set data.on_malformed=skip to skip such lines)") from None
-                    skipped += 1
+        for line_no, value in jsonl_lines(path):
+            try:
+                if isinstance(value, ValueError):
+                    raise value
+                render.parse(value, fmt)
+                records.append(value)
+            except ValueError as e:
+                if on_malformed == "fail":
+                    raise DataError(f"{path}:{line_no}: malformed record: {e} "
+                                    f"(set data.on_malformed=skip to skip such lines)") from None
+                skipped += 1
     if not records:
         raise DataError(f"no valid records in {list(paths)}")
     return records, {"malformed_skipped": skipped}
-
-
-def _texts(kind: str, value, tokenizer, use_template: bool) -> tuple[str, str]:
-    if kind == "chat":
-        if use_template:
-            return tokenizer.apply_chat_template(value)
-        return plain_chat(value)
-    prompt, answer = value
-    if use_template and getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template([{"role": "user", "content": prompt},
-                                              {"role": "assistant", "content": answer}])
-    return prompt, answer
 
 
 def tokenize(records, tokenizer, config: DataConfig) -> tuple[list[tuple[np.ndarray, np.ndarray]], dict]:
@@ -141,8 +114,9 @@ def tokenize(records, tokenizer, config: DataConfig) -> tuple[list[tuple[np.ndar
     out, truncated, dropped = [], 0, 0
     eos = tokenizer.eos_id
     L = config.max_length
-    for kind, value in records:
-        prompt, answer = _texts(kind, value, tokenizer, config.chat_template)
+    fmt = PromptFormat.of(config)
+    for record in records:
+        prompt, answer = render.render(record, tokenizer, fmt)
         p = tokenizer.encode(prompt)
         a = tokenizer.encode(answer) + ([eos] if config.add_eos and eos is not None else [])
         if len(p) + len(a) > L:
@@ -236,11 +210,12 @@ class Splits:
 
 def load_splits(config: DataConfig, tokenizer) -> Splits:
     """Reads, validates and tokenizes the train (and eval) files; all data errors surface here."""
-    records, stats = read_records(config.train, config.on_malformed)
+    fmt = PromptFormat.of(config)
+    records, stats = read_records(config.train, config.on_malformed, fmt)
     examples, tstats = tokenize(records, tokenizer, config)
     stats = {**stats, **tstats}
     if config.eval:
-        erecords, estats = read_records(config.eval, config.on_malformed)
+        erecords, estats = read_records(config.eval, config.on_malformed, fmt)
         eval_examples, etstats = tokenize(erecords, tokenizer, config)
         stats.update({f"eval_{k}": v for k, v in {**estats, **etstats}.items()})
     elif config.eval_fraction > 0:

@@ -1,7 +1,8 @@
 """Tokenizers: the built-in byte-level one (no files needed) and any Hugging Face tokenizer directory.
 
 Both expose the same small surface: `encode(text) -> list[int]`, `decode(ids) -> str`, the special ids
-`pad_id`, `eos_id`, `bos_id`, `mask_id`, `vocab_size`, and `apply_chat_template(messages)`.
+`pad_id`, `eos_id`, `bos_id`, `mask_id`, `vocab_size`, and `chat_template` (None for bytes); a Hugging Face
+tokenizer with a template also renders chat prompts (`chat_prompt`, used by `zarya_jax.data.render`).
 """
 from __future__ import annotations
 
@@ -23,21 +24,10 @@ class ByteTokenizer:
     def decode(self, ids) -> str:
         return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
 
-    def apply_chat_template(self, messages: list[dict]) -> tuple[str, str]:
-        """Plain-text fallback: returns (prompt, answer) from user/assistant turns."""
-        return plain_chat(messages)
-
     def save(self, directory: str) -> None:
         os.makedirs(directory, exist_ok=True)
         with open(os.path.join(directory, "zarya_tokenizer.json"), "w") as f:
             json.dump({"type": "byte"}, f)
-
-
-def plain_chat(messages: list[dict]) -> tuple[str, str]:
-    if not messages or messages[-1].get("role") != "assistant":
-        raise ValueError("a chat record must end with an assistant message (the supervised answer)")
-    prompt = "".join(f"{m['role']}: {m['content']}\n" for m in messages[:-1]) + "assistant: "
-    return prompt, messages[-1]["content"]
 
 
 class HFTokenizer:
@@ -49,7 +39,11 @@ class HFTokenizer:
         if not os.path.isdir(directory):
             raise FileNotFoundError(f"tokenizer directory {directory!r} does not exist")
         self.name = directory
-        self._tok = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        try:
+            self._tok = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        except Exception as e:  # tokenizers/transformers raise many types for a broken or foreign directory
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            raise ValueError(f"cannot load the tokenizer in {directory!r}: {type(e).__name__}: {first}") from None
         self.vocab_size = len(self._tok)
         self.eos_id = self._tok.eos_token_id
         self.bos_id = self._tok.bos_token_id
@@ -64,13 +58,11 @@ class HFTokenizer:
     def decode(self, ids) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
 
-    def apply_chat_template(self, messages: list[dict]) -> tuple[str, str]:
-        if not self.chat_template:
-            return plain_chat(messages)
-        if not messages or messages[-1].get("role") != "assistant":
-            raise ValueError("a chat record must end with an assistant message (the supervised answer)")
-        prompt = self._tok.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
-        return prompt, messages[-1]["content"]
+    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True, **template_kwargs) -> str:
+        """The chat template over `messages`, by default with the generation prompt (the assistant turn's
+        opening)."""
+        return self._tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                             **template_kwargs)
 
     def save(self, directory: str) -> None:
         self._tok.save_pretrained(directory)

@@ -29,8 +29,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..config import PromptFormat
+from ..data import render
 from ..nn import model as model_lib
-from .evaluate import MODE_LABELS, prompt_and_answer
+from .evaluate import MODE_LABELS
+
 
 def _layout(prompt: np.ndarray, answer: np.ndarray, slot_size: int, length: int, pad_id: int, mask_id: int):
     """tokens, positions [L], attention mask [L, L] of one example's teacher-forcing row."""
@@ -161,14 +164,16 @@ def explain_ar(accuracy: float, errors: dict, heads: dict) -> str:
             f"reference's tokens teacher-forced.")
 
 
-def analyse(params, model_config, tokenizer, records, summary, predictions, slot_sizes) -> dict:
+def analyse(params, model_config, tokenizer, records, summary, predictions, slot_sizes,
+            prompt_format: PromptFormat = PromptFormat()) -> dict:
     """Teacher-forced accuracy of both heads per slot size and by offset within a slot, and per mode
     where its outputs first differ from the reference (answer + EOS); one explanation per mode below AR
-    (and for AR's own misses). summary/predictions: `evaluate`'s, with `output_ids`."""
+    (and for AR's own misses). summary/predictions: `evaluate`'s, with `output_ids`; records rendered with
+    `prompt_format` as in `evaluate`."""
     eos = model_config.eos_token_id
     examples = []
     for r in records:
-        prompt, answer = prompt_and_answer(r, tokenizer)
+        prompt, answer = render.render(r, tokenizer, prompt_format)
         examples.append((tokenizer.encode(prompt), tokenizer.encode(answer) + ([eos] if eos is not None else [])))
     slot_sizes = sorted(set(slot_sizes))
     heads = {}

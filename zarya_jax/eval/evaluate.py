@@ -6,11 +6,14 @@ Modes: `ar` (autoregressive baseline), `mdm` (mode A, SPEC §5), `slotted` (mode
 exact-match accuracy (`answers`), wall-clock generated tokens/s (compile time excluded and reported
 apart), tokens per forward pass and the speed-up over `ar`. Decoding knobs are `GenerationConfig`
 fields, per mode or for all modes (`parse_knobs`, `ModeKnobs`), typed by `zarya_jax.overrides`.
+Records are rendered by `zarya_jax.data.render` with the checkpoint's recorded `PromptFormat`
+(`prompt_format_for`), so the prompt ids are those the model was trained on.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 import time
 
@@ -19,11 +22,13 @@ import numpy as np
 from tqdm import tqdm
 
 from .. import overrides as ov
-from ..config import ConfigError
+from ..config import ConfigError, PromptFormat
+from ..data import render
 from ..data.tokenizer import load_tokenizer
 from ..files import atomic_write, atomic_write_json, atomic_write_jsonl
-from ..nn.checkpoint import tokenizer_dir
+from ..nn.checkpoint import load_prompt_format, tokenizer_dir
 from ..sampling import GenerationConfig, generate
+from ..sampling.config import MODE_KNOBS, ROUTING_FIELDS, check_knobs
 from ..sampling.prompts import bucket_length
 from . import answers
 
@@ -56,7 +61,8 @@ class ModeKnobs:
 class EvalConfig:
     """An evaluation: modes, decoding budget and batch, records (`limit`: first N, 0 = all), answer
     extraction, seed, per-mode knobs, `ckpt` (a checkpoint to evaluate instead of training one) and
-    `batch1_examples` (also time the first N records at batch 1; 0 = off)."""
+    `batch1_examples` (also time the first N records at batch 1; 0 = off). Everything, each mode's
+    knobs included, is checked when the config is built, so a bad value fails before any training."""
 
     modes: tuple[str, ...] = ("ar", "mdm", "slotted", "spec-self")
     max_new_tokens: int = 64
@@ -75,6 +81,19 @@ class EvalConfig:
             raise ConfigError(f"eval.batch1_examples={self.batch1_examples}: expected ≥ 0")
         if self.answer not in answers.METHODS:
             raise ConfigError(f"eval.answer={self.answer!r}: expected one of {answers.METHODS}")
+        for name in ("batch_size", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"eval.{name}={getattr(self, name)}: expected ≥ 1")
+        if self.limit < 0:
+            raise ConfigError(f"eval.limit={self.limit}: expected ≥ 0 (0 = every record)")
+        check_answer(self.answer, self.answer_regex or None, "eval.answer_regex")
+        for mode, knobs in self.knobs.as_dict().items():  # every mode's knobs are its own; the modes run, in range
+            try:
+                gen = generation_config(mode, self.max_new_tokens, {mode: knobs})
+                if mode in self.modes:
+                    gen.validate()
+            except ValueError as e:
+                raise ConfigError(f"eval.knobs.{mode}: {e}") from None
 
 
 def parse_modes(text: str) -> list[str]:
@@ -83,6 +102,17 @@ def parse_modes(text: str) -> list[str]:
     if bad or not modes:
         raise ConfigError(f"--modes {text!r}: unknown mode(s) {bad}; expected a comma-separated subset of {MODES}")
     return modes
+
+
+def check_answer(method: str, pattern: str | None, flag: str = "--answer-regex") -> None:
+    """`--answer regex` needs a pattern that compiles (ConfigError naming it otherwise)."""
+    if method == "regex" and not pattern:
+        raise ConfigError(f"answer extraction 'regex' needs a pattern ({flag})")
+    if pattern:
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise ConfigError(f"{flag} {pattern!r} is not a valid regular expression: {e}") from None
 
 
 def parse_knobs(items: list[str]) -> dict[str, dict]:
@@ -105,22 +135,37 @@ def parse_knobs(items: list[str]) -> dict[str, dict]:
 
 
 def generation_config(mode: str, max_new_tokens: int, knobs: dict[str, dict] | None = None) -> GenerationConfig:
-    """The `GenerationConfig` of an evaluation mode with `knobs` ("*" for all modes) applied."""
+    """The `GenerationConfig` of an evaluation mode with `knobs` applied: "*" knobs where the mode's
+    sampler reads them, then the mode's own, each of which it must read (`sampling.config.MODE_KNOBS`;
+    a routing field such as `mode` is never a knob)."""
     kwargs = dict(MODE_FIELDS[mode], max_new_tokens=max_new_tokens, temperature=0.0)
     knobs = knobs or {}
     types = ov.field_types(GenerationConfig)
+    sampler = MODE_FIELDS[mode]["mode"]
     for scope in ("*", mode):
         for k, v in knobs.get(scope, {}).items():
             if k not in types:
                 raise ov.unknown(f"{scope}.{k}", [f"{scope}.{f}" for f in types], "knob")
+            if scope == "*" and k not in MODE_KNOBS[sampler] and k not in ROUTING_FIELDS:
+                continue
+            try:
+                check_knobs(sampler, [k], "" if scope == "*" else f"{scope}.")
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
             kwargs[k] = ov.coerce(f"{scope}.{k}", v, types[k])
     return GenerationConfig(**kwargs)
 
 
-def prompt_and_answer(record: dict, tokenizer) -> tuple[str, str]:
-    if "messages" in record:
-        return tokenizer.apply_chat_template(record["messages"])
-    return record["prompt"], record["answer"]
+def check_mode_knobs(modes, knobs: dict[str, dict]) -> None:
+    """Every knob against the modes it is for, before any model is loaded: a mode's own knobs must be
+    read by its sampler, and a knob for all modes ("*") by at least one of `modes` (never silently
+    ignored)."""
+    for mode in modes:
+        generation_config(mode, 1, knobs)
+    read = {k for mode in modes for k in MODE_KNOBS[MODE_FIELDS[mode]["mode"]]}
+    for k in knobs.get("*", {}):
+        if k not in read:
+            raise ConfigError(f"knob {k} is read by none of the modes {list(modes)} (it would be ignored)")
 
 
 def _pad_batch(items: list, size: int) -> list:
@@ -195,8 +240,10 @@ def evaluate_mode(params, config, tokenizer, prompts: list[list[int]], gen_confi
 def evaluate(params, config, tokenizer, records: list[dict], modes: list[str], *, max_new_tokens: int = 64,
              batch_size: int = 1, knobs: dict | None = None, method: str = "final", pattern: str | None = None,
              lora_params=None, lora=None, seed: int = 0, progress: bool = True,
-             warmup: bool = True, batch1_examples: int = 0) -> tuple[list[dict], list[dict]]:
-    """Runs every mode on every record. Returns (summary rows, per-example prediction rows).
+             warmup: bool = True, batch1_examples: int = 0,
+             prompt_format: PromptFormat = PromptFormat()) -> tuple[list[dict], list[dict]]:
+    """Runs every mode on every record, rendered with `prompt_format` (`zarya_jax.data.render`; give the
+    checkpoint's, `prompt_format_for(ckpt)`). Returns (summary rows, per-example prediction rows).
     warmup=False skips the untimed compile run (for programs already compiled). batch1_examples > 0
     also decodes the first N records one at a time and reports `tokens_per_s_batch1` (and the speed-up
     over AR at batch 1): on an accelerator decoding is memory-bound and a pass costs about the same
@@ -205,16 +252,31 @@ def evaluate(params, config, tokenizer, records: list[dict], modes: list[str], *
         raise ValueError("mode 'spec-lora' needs a LoRA drafter adapter (--lora DIR)")
     if batch_size < 1:
         raise ValueError(f"batch size {batch_size}: expected ≥ 1")
-    pairs = [prompt_and_answer(r, tokenizer) for r in records]
+    check_answer(method, pattern)
+    pairs = []
+    for i, record in enumerate(records):
+        try:
+            pairs.append(render.render(record, tokenizer, prompt_format))
+        except ValueError as e:
+            raise ValueError(f"record {i}: {e}") from None
     prompts = [tokenizer.encode(p) for p, _ in pairs]
     empty = [i for i, p in enumerate(prompts) if not p]
     if empty:
         raise ValueError(f"records {empty[:5]} have empty prompts")
     golds = [answers.reference(a, method, pattern) for _, a in pairs]
+    # Every mode against the model and the prompts before any decoding (a missing mask token must not
+    # surface only after the AR mode has run).
+    check_mode_knobs(modes, knobs or {})
+    gens = {mode: generation_config(mode, max_new_tokens, knobs) for mode in modes}
+    for mode, gen in gens.items():
+        try:
+            gen.validate(config, prompts)
+        except ValueError as e:
+            raise ValueError(f"mode {mode}: {e}") from None
     summary, predictions = [], []
     key = jax.random.PRNGKey(seed)
     for mode in modes:
-        gen = generation_config(mode, max_new_tokens, knobs)
+        gen = gens[mode]
         bar = _progress_bar(mode, len(prompts)) if progress else None
         res = evaluate_mode(params, config, tokenizer, prompts, gen, key, batch_size,
                             lora_params if mode == "spec-lora" else None, lora,
@@ -227,6 +289,7 @@ def evaluate(params, config, tokenizer, records: list[dict], modes: list[str], *
             ok = pred is not None and pred == golds[i]
             correct += ok
             predictions.append({"index": i, "mode": mode, "prompt": pairs[i][0], "reference": pairs[i][1],
+                                "prompt_ids": prompts[i],
                                 "output": text, "output_ids": res["ids"][i], "prediction": pred, "gold": golds[i],
                                 "correct": bool(ok),
                                 "num_tokens": res["lengths"][i], "forward_passes": res["forward_passes"][i]})
@@ -288,11 +351,13 @@ def summary_markdown(summary: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_outputs(out_dir: str, summary: list[dict], predictions: list[dict], extra: dict | None = None) -> None:
-    """predictions.jsonl, summary.json and summary.md in `out_dir`, each written atomically."""
+def write_outputs(out_dir: str, summary: list[dict], predictions: list[dict], extra: dict | None = None,
+                  markdown: str | None = None) -> None:
+    """predictions.jsonl, summary.md (`markdown`, default the summary table) and, last, summary.json in
+    `out_dir`, each written atomically: a summary.json is there only when everything else is."""
     atomic_write_jsonl(os.path.join(out_dir, "predictions.jsonl"), predictions)
+    atomic_write(os.path.join(out_dir, "summary.md"), summary_markdown(summary) if markdown is None else markdown)
     atomic_write_json(os.path.join(out_dir, "summary.json"), {"modes": summary, **(extra or {})})
-    atomic_write(os.path.join(out_dir, "summary.md"), summary_markdown(summary))
 
 
 def load_tokenizer_for(ckpt: str, spec: str | None):
@@ -300,3 +365,10 @@ def load_tokenizer_for(ckpt: str, spec: str | None):
     if spec:
         return load_tokenizer(spec)
     return load_tokenizer(tokenizer_dir(ckpt) or "byte")
+
+
+def prompt_format_for(ckpt: str | None, overrides=(), default: PromptFormat = PromptFormat()) -> PromptFormat:
+    """How to render records for `ckpt`: the format its training recorded (else `default`), with dotted
+    `FIELD=VALUE` overrides (`--format` items or a mapping, typed by `zarya_jax.overrides`)."""
+    recorded = load_prompt_format(ckpt) if ckpt else None
+    return ov.apply(recorded or default, overrides, "--format")

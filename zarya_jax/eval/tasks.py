@@ -13,10 +13,12 @@ split, so the three splits are disjoint. The command line is `python -m experime
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import random
 
+from ..config import PromptFormat
+from ..data import render
+from ..data.records import jsonl_lines
 from ..files import atomic_write_jsonl
 
 # Prompts are kept short on purpose: with the byte tokenizer every character is a token, and the
@@ -100,10 +102,15 @@ def make_problem(rng: random.Random, cfg: TaskConfig) -> dict:
     return {"prompt": ", ".join(clauses) + ". How many now?\n", "answer": "\n".join(lines) + f"\n#### {value}"}
 
 
+# The splits are built in memory (about 150 bytes a problem in Python): a bound keeps a typo such as
+# `--test 100000000` from filling the machine's memory.
+MAX_PROBLEMS = 5_000_000
+
+
 def generate(num: int, seed: int = 0, difficulty: int | TaskConfig = 1, exclude: set[str] | None = None) -> list[dict]:
-    """`num` problems, deterministic in (seed, difficulty); prompts in `exclude` are skipped."""
-    if num < 0:
-        raise ValueError(f"number of problems {num}: expected ≥ 0")
+    """`num` problems (0 … MAX_PROBLEMS), deterministic in (seed, difficulty); prompts in `exclude` are skipped."""
+    if not 0 <= num <= MAX_PROBLEMS:
+        raise ValueError(f"number of problems {num}: expected 0 … {MAX_PROBLEMS}")
     cfg = task_config(difficulty)
     rng = random.Random(seed)
     exclude = exclude or set()
@@ -138,23 +145,21 @@ def write_jsonl(path: str, records: list[dict]) -> None:
     atomic_write_jsonl(path, records)
 
 
-def read_jsonl(path: str) -> list[dict]:
-    """Reads `{"prompt", "answer"}` (or chat `messages`) records; errors name the file and line."""
+def read_jsonl(path: str, fmt: PromptFormat = PromptFormat(), *, need_answer: bool = True) -> list[dict]:
+    """Reads records valid under `fmt` (`zarya_jax.data.render.parse`: the prompt/answer fields, e.g.
+    GSM8K's `question`/`answer` with `prompt_key="question"`, or chat `messages`); errors name the file and
+    line (a line that is not UTF-8 or not JSON included). need_answer=False accepts prompt-only records."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"data file {path!r} does not exist")
     records = []
-    with open(path) as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{i}: not valid JSON ({e.msg})") from None
-            if not isinstance(record, dict) or not (
-                    ("prompt" in record and "answer" in record) or "messages" in record):
-                raise ValueError(f"{path}:{i}: expected an object with 'prompt' and 'answer' (or 'messages')")
-            records.append(record)
+    for i, record in jsonl_lines(path):
+        try:
+            if isinstance(record, ValueError):
+                raise record
+            render.parse(record, fmt, need_answer=need_answer)
+        except ValueError as e:
+            raise ValueError(f"{path}:{i}: {e}") from None
+        records.append(record)
     if not records:
         raise ValueError(f"data file {path!r} holds no records")
     return records

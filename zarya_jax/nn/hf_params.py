@@ -21,6 +21,13 @@ import numpy as np
 from ..config import ModelConfig
 
 
+# Our projection name → its Hugging Face module under `model.layers.{i}` (also PEFT's LoRA module names).
+PROJECTION_MODULES = {"q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj",
+                      "o_proj": "self_attn.o_proj", "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj",
+                      "down_proj": "mlp.down_proj"}
+LAYER_PREFIX = "model.layers.{i}."
+
+
 class ShapeError(ValueError):
     """A tensor does not have the shape the config implies."""
 
@@ -62,15 +69,16 @@ def entries(config: ModelConfig) -> list[Entry]:
     """The table for one config, in checkpoint order (embedding first, head last)."""
     d, f, v = config.hidden_size, config.intermediate_size, config.vocab_size
     h, k, q = config.num_heads, config.num_kv_heads, config.head_dim
-    pre = "model.layers.{i}."
+    pre = LAYER_PREFIX
     table = [Entry("model.embed_tokens.weight", ("embed",), (v, d))]
     for ours, theirs, size in (("input_norm", "input_layernorm", d), ("post_attn_norm", "post_attention_layernorm", d),
                                ("q_norm", "self_attn.q_norm", q), ("k_norm", "self_attn.k_norm", q)):
         table.append(Entry(pre + theirs + ".weight", ("layers", ours, "scale"), (size,)))
-    for name, i, o in (("self_attn.q_proj", (d,), (h, q)), ("self_attn.k_proj", (d,), (k, q)),
-                       ("self_attn.v_proj", (d,), (k, q)), ("self_attn.o_proj", (h, q), (d,)),
-                       ("mlp.gate_proj", (d,), (f,)), ("mlp.up_proj", (d,), (f,)), ("mlp.down_proj", (f,), (d,))):
-        table.append(Entry(pre + name + ".weight", ("layers", name.split(".")[1], "kernel"), i, o, linear=True))
+    shapes = {"q_proj": ((d,), (h, q)), "k_proj": ((d,), (k, q)), "v_proj": ((d,), (k, q)), "o_proj": ((h, q), (d,)),
+              "gate_proj": ((d,), (f,)), "up_proj": ((d,), (f,)), "down_proj": ((f,), (d,))}
+    for ours, module in PROJECTION_MODULES.items():
+        i, o = shapes[ours]
+        table.append(Entry(pre + module + ".weight", ("layers", ours, "kernel"), i, o, linear=True))
     table.append(Entry("model.norm.weight", ("final_norm", "scale"), (d,)))
     if not config.tie_word_embeddings:
         table.append(Entry("lm_head.weight", ("lm_head",), (d,), (v,), linear=True))

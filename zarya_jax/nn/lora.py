@@ -10,11 +10,13 @@ adapter drafts exactly like the AR model.
 Adapters are saved apart from the base weights as one safetensors file (`adapter.safetensors`, keys
 `layers.<proj>.<a|b>`) with the rank, alpha and noise convention in its metadata, so an adapter of a
 few hundred MB can be shipped and swapped without touching the base checkpoint, and is always sampled
-with the noise it was trained on.
+with the noise it was trained on. The metadata also holds a checksum of every array (`nn.integrity`),
+verified at load; a damaged or unreadable file is a `CheckpointError` naming it.
 """
 from __future__ import annotations
 
 import functools
+import json
 import os
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from safetensors.numpy import save_file
 
 from ..config import ConfigError, LoraConfig, ModelConfig
 from ..files import atomic_directory
+from .integrity import CheckpointError, array_checksums, compare, describe_error
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ADAPTER_FILE = "adapter.safetensors"
@@ -121,7 +124,8 @@ def save(path: str | os.PathLike, lora_params: dict, lora: LoraConfig, extra: di
     with atomic_directory(path, overwrite=True) as tmp:
         save_file(flat, os.path.join(tmp, ADAPTER_FILE),
                   metadata={**(extra or {}), "rank": str(lora.rank), "alpha": repr(float(lora.alpha)),
-                            "noise": lora.noise, "format": "zarya_jax.lora/1"})
+                            "noise": lora.noise, "format": "zarya_jax.lora/1",
+                            "checksums": json.dumps(array_checksums(flat))})
     return path / ADAPTER_FILE
 
 
@@ -133,20 +137,31 @@ def _adapter_file(path: str | os.PathLike) -> Path:
     return file
 
 
-def load(path: str | os.PathLike, dtype=None) -> tuple[dict, LoraConfig]:
-    """Reads an adapter directory (or the `.safetensors` file itself) -> (lora_params, LoraConfig)."""
+def load(path: str | os.PathLike, dtype=None, verify: bool = True) -> tuple[dict, LoraConfig]:
+    """Reads an adapter directory (or the `.safetensors` file itself) -> (lora_params, LoraConfig).
+    verify: check the arrays against the checksums in the metadata (adapters saved before checksums
+    were recorded have none and load unverified)."""
     file = _adapter_file(path)
-    with safe_open(str(file), framework="numpy") as f:
-        meta = f.metadata() or {}
-        if "rank" not in meta or "alpha" not in meta:
-            raise ConfigError(f"LoRA adapter {file}: metadata lacks rank/alpha (not written by zarya_jax.lora.save)")
-        # adapters written before the noise convention was recorded were all trained with uniform noise
-        cfg = LoraConfig(rank=int(meta["rank"]), alpha=float(meta["alpha"]), noise=meta.get("noise", "uniform"))
-        params: dict = {"layers": {}}
-        for key in f.keys():
-            _, name, part = key.split(".")
-            arr = jnp.asarray(f.get_tensor(key))
-            params["layers"].setdefault(name, {})[part] = arr if dtype is None else arr.astype(dtype)
+    try:
+        with safe_open(str(file), framework="numpy") as f:
+            meta = f.metadata() or {}
+            flat = {key: f.get_tensor(key) for key in f.keys()}
+    except Exception as e:  # safetensors raises several types for a truncated or foreign file
+        raise CheckpointError(f"LoRA adapter {str(file)!r} is damaged or not a safetensors file "
+                              f"({describe_error(e)})") from None
+    if "rank" not in meta or "alpha" not in meta:
+        raise ConfigError(f"LoRA adapter {file}: metadata lacks rank/alpha (not written by zarya_jax.lora.save)")
+    if verify and "checksums" in meta:
+        compare(json.loads(meta["checksums"]), array_checksums(flat), repr(str(file)))
+    # adapters written before the noise convention was recorded were all trained with uniform noise
+    cfg = LoraConfig(rank=int(meta["rank"]), alpha=float(meta["alpha"]), noise=meta.get("noise", "uniform"))
+    params: dict = {"layers": {}}
+    for key, value in flat.items():
+        parts = key.split(".")
+        if len(parts) != 3 or parts[0] != "layers":
+            raise ConfigError(f"LoRA adapter {file}: unexpected tensor {key!r} (expected layers.<proj>.<a|b>)")
+        arr = jnp.asarray(value)
+        params["layers"].setdefault(parts[1], {})[parts[2]] = arr if dtype is None else arr.astype(dtype)
     return params, cfg
 
 

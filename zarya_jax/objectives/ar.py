@@ -41,7 +41,8 @@ def ar_objective(model_config: ModelConfig) -> Objective:
         loss = jnp.sum(jnp.where(has, ce, 0.0)) / n
         return loss, {"loss_seq": loss, "acc_seq": jnp.sum(has & hit) / n, "num_seq_targets": jnp.sum(has)}
 
-    def export(params, path, tokenizer):
-        return checkpoint.save(path, params, model_config, overwrite=True, tokenizer=tokenizer)
+    def export(params, path, tokenizer, prompt_format):
+        return checkpoint.save(path, params, model_config, overwrite=True, tokenizer=tokenizer,
+                               prompt_format=prompt_format)
 
     return Objective(loss_fn, name="ar", export=export)

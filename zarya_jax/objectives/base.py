@@ -32,11 +32,12 @@ def _no_static(step: int, total_steps: int) -> Hashable:
 class Objective:
     """A training objective. `loss_fn(trainable, frozen, batch, key, info: StepInfo) -> (loss, metrics)`
     with scalar fp32 loss and a dict of scalar metrics; `forward_passes` (per example, for the MFU
-    estimate); `export(params, path, tokenizer) -> path`: saves the trained params as a model
-    checkpoint (None: the caller decides what to keep, e.g. an adapter)."""
+    estimate); `export(params, path, tokenizer, prompt_format) -> path`: saves the trained params as a
+    model checkpoint with the tokenizer and the `PromptFormat` the data was rendered with (None: the
+    caller decides what to keep, e.g. an adapter)."""
 
     loss_fn: Callable[..., tuple[jax.Array, dict]]
     static_at: Callable[[int, int], Hashable] = _no_static
     forward_passes: float = 1.0
     name: str = "custom"
-    export: Callable[[Any, str, Any], str] | None = None
+    export: Callable[[Any, str, Any, Any], str] | None = None

@@ -19,8 +19,9 @@ def zarya_objective(model_config: ModelConfig, zarya_config: ZaryaConfig) -> Obj
     def loss_fn(params, frozen, batch, key, info):
         return losses.zarya_loss(params, model_config, zarya_config, batch, key, info.static)
 
-    def export(params, path, tokenizer):
-        return checkpoint.save(path, params, model_config, zarya_config, overwrite=True, tokenizer=tokenizer)
+    def export(params, path, tokenizer, prompt_format):
+        return checkpoint.save(path, params, model_config, zarya_config, overwrite=True, tokenizer=tokenizer,
+                               prompt_format=prompt_format)
 
     if zarya_config.slotted_training:
         def static_at(step, total):

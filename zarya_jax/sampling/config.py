@@ -14,6 +14,29 @@ import numpy as np
 MODES = ("ar", "mdm", "slotted", "spec")
 DRAFTERS = ("lora", "self")
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+# Which knobs each sampler reads; setting another (e.g. `slot_size` for AR) would be silently ignored,
+# so `check_knobs` refuses it. `mode`, `slotted_generation` and `drafter` choose the sampler.
+COMMON_KNOBS = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "eos_token_id",
+                "stop_at_eos", "prompt_bucket", "kv_cache_dtype")
+MODE_KNOBS = {"ar": COMMON_KNOBS, "mdm": COMMON_KNOBS + ("steps", "alpha0"),
+              "slotted": COMMON_KNOBS + ("slot_size", "serial_num_blocks", "slot_threshold", "token_threshold",
+                                         "ar_infill", "ar_first_token"),
+              "spec": COMMON_KNOBS + ("draft_length",)}
+ROUTING_FIELDS = ("mode", "slotted_generation", "drafter")
+
+
+def check_knobs(mode: str, fields, prefix: str = "") -> None:
+    """Raises ValueError for a field among `fields` that sampler `mode` ("*": every sampler) does not
+    read, or a routing field, naming the modes that read it. `prefix` goes before the field name."""
+    readable = COMMON_KNOBS if mode == "*" else MODE_KNOBS[mode]
+    for field in fields:
+        if field in ROUTING_FIELDS:
+            raise ValueError(f"knob {prefix}{field}: it chooses the sampler; choose the mode instead")
+        if field not in readable:
+            owners = [m for m, knobs in MODE_KNOBS.items() if field in knobs]
+            what = "every mode" if mode == "*" else f"mode {mode!r}"
+            raise ValueError(f"knob {prefix}{field} is not read by {what} (it would be ignored); it is a knob of "
+                             f"{owners}. {what[0].upper() + what[1:]} reads {list(readable)}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,6 +6,12 @@ are asynchronous when enabled (the state arrays are copied, then written in the 
 grain iterator state is captured synchronously at save time. Directories appear under their final
 name only once complete (Orbax writes to a temporary name, then renames), so a killed run resumes
 from the last complete checkpoint.
+
+Integrity (`nn.integrity`): the meta record of every checkpoint holds a checksum of each array of the
+state, computed from the live state when the save starts, and of the data iterator's state. A restore
+first checks the saved shapes against the state it is asked to fill (a config that changes them is
+refused in one line, before anything is read), then, unless `verify=False`, recomputes every checksum
+on what was read. Damage is one `CheckpointError` naming the checkpoint directory.
 """
 from __future__ import annotations
 
@@ -13,8 +19,11 @@ import os
 
 import grain
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
+
+from ..nn.integrity import CheckpointError, array_checksums, compare, describe_error, json_checksum
 
 
 class RunCheckpointer:
@@ -37,19 +46,53 @@ class RunCheckpointer:
         return self.manager.latest_step()
 
     def save(self, step: int, state, data_iterator, meta: dict, eval_loss: float | None = None) -> None:
+        meta = {**meta, "checksums": array_checksums(state), "data_checksum": json_checksum(data_iterator.get_state())}
         args = ocp.args.Composite(state=ocp.args.StandardSave(state),
                                   data=grain.checkpoint.CheckpointSave(data_iterator),
                                   meta=ocp.args.JsonSave(meta))
         metrics = {"eval_loss": float(eval_loss)} if eval_loss is not None else None
         self.manager.save(step, args=args, metrics=metrics, force=True)
 
-    def restore(self, step: int, abstract_state, data_iterator):
+    def step_dir(self, step: int) -> str:
+        return os.path.join(self.directory, str(step))
+
+    def read_meta(self, step: int) -> dict:
+        """The checkpoint's meta record (step, loss, checksums) without reading the state."""
+        try:
+            meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        except Exception as e:  # a missing or corrupt record fails in Orbax with many error types
+            raise CheckpointError(f"checkpoint {self.step_dir(step)} is damaged: cannot read its meta record "
+                                  f"({describe_error(e)})") from None
+        if not isinstance(meta, dict):
+            raise CheckpointError(f"checkpoint {self.step_dir(step)} is damaged: its meta record is not a mapping")
+        return meta
+
+    def restore(self, step: int, abstract_state, data_iterator, verify: bool = True):
         """Restores the state onto the shardings of `abstract_state` (ShapeDtypeStructs with
-        `.sharding`) and sets `data_iterator` to its saved position. Returns (state, meta)."""
-        out = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state), data=grain.checkpoint.CheckpointRestore(data_iterator),
-            meta=ocp.args.JsonRestore()))
-        return out["state"], out["meta"]
+        `.sharding`) and sets `data_iterator` to its saved position. Returns (state, meta).
+
+        Raises CheckpointError when the saved state does not fit `abstract_state` (checked before any
+        array is read), cannot be read, or (verify) differs from the checksums written at save."""
+        where = self.step_dir(step)
+        meta = self.read_meta(step)
+        saved = meta.get("checksums")
+        if saved is not None:
+            _check_fits(saved, abstract_state, where)
+        elif verify:
+            raise CheckpointError(f"checkpoint {where} has no checksums (written before checkpoints carried "
+                                  "them): cannot verify it; pass --no-verify (train.verify_checkpoints=false)")
+        try:
+            out = self.manager.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract_state),
+                data=grain.checkpoint.CheckpointRestore(data_iterator)))
+        except Exception as e:  # truncated / corrupt files fail deep inside TensorStore or grain
+            raise CheckpointError(f"checkpoint {where} is damaged: {describe_error(e)}") from None
+        if verify:
+            compare(saved, array_checksums(out["state"]), where)
+            if jax.process_count() == 1 and meta.get("data_checksum") != json_checksum(data_iterator.get_state()):
+                raise CheckpointError(f"checkpoint {where} is damaged: the data iterator position differs from "
+                                      "the checksum written at save")
+        return out["state"], {k: v for k, v in meta.items() if k not in ("checksums", "data_checksum")}
 
     def wait(self) -> None:
         self.manager.wait_until_finished()
@@ -57,6 +100,20 @@ class RunCheckpointer:
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+def _check_fits(saved: dict, abstract_state, where: str) -> None:
+    """The saved arrays' shapes and dtypes against the state a restore should fill."""
+    want = {jax.tree_util.keystr(p): (list(x.shape), np.dtype(x.dtype).name)
+            for p, x in jax.tree_util.tree_flatten_with_path(abstract_state)[0]}
+    got = {k: (v["shape"], v["dtype"]) for k, v in saved.items()}
+    diffs = [f"{k} saved as {got[k][1]}{tuple(got[k][0])}, expected {want[k][1]}{tuple(want[k][0])}"
+             for k in want if k in got and got[k] != want[k]]
+    diffs += [f"{k} is not in the checkpoint" for k in want if k not in got]
+    diffs += [f"{k} is in the checkpoint but not in this run's state" for k in got if k not in want]
+    if diffs:
+        raise CheckpointError(f"checkpoint {where} holds a train state that does not fit this run's config "
+                              f"({len(diffs)} difference(s), e.g. {diffs[0]})")
 
 
 def abstract_like(tree, shardings):

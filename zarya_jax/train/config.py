@@ -18,8 +18,10 @@ import yaml
 from .. import overrides as ov
 from ..config import ConfigError, ModelConfig, ZaryaConfig, preset
 from ..data.pipeline import DataConfig
+from .divergence import DivergenceConfig
 from .optim import OptimConfig
 from .sharding import MeshConfig
+from .trackers import TRACKERS
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
@@ -46,6 +48,12 @@ class TrainConfig:
     distributed: str = "auto"  # jax.distributed.initialize(): auto | on | off
     peak_flops: float = 0.0  # per device, for MFU; 0 = from the device table (CPU: an assumed peak)
     progress_bar: bool = True
+    tracker: str = "none"  # none | wandb | trackio: also log the metrics there (`train.trackers`)
+    tracker_project: str = "zarya"
+    tracker_group: str = ""  # runs compared together (a sweep sets its name)
+    tracker_run: str = ""  # the run's name; "" = the workdir's name
+    verify_checkpoints: bool = True  # check every checkpoint read (resume, init_from) against its checksums
+    divergence: DivergenceConfig = DivergenceConfig()  # when to stop a diverging run (train.divergence)
 
     def __post_init__(self):
         if self.steps < 1:
@@ -57,6 +65,8 @@ class TrainConfig:
             raise ConfigError(f"train.keep={self.keep}: expected ≥ 1 (the latest checkpoint is needed to resume)")
         if self.objective not in OBJECTIVES:
             raise ConfigError(f"train.objective={self.objective!r}: expected one of {OBJECTIVES}")
+        if self.tracker not in TRACKERS:
+            raise ConfigError(f"train.tracker={self.tracker!r}: expected one of {TRACKERS}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +95,9 @@ SECTIONS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RunConfig))
 RESUMABLE_CHANGES = {
     "train.log_every", "train.eval_every", "train.eval_batches", "train.save_every", "train.keep",
     "train.keep_best", "train.async_checkpointing", "train.export_final", "train.init_from",
-    "train.distributed", "train.peak_flops", "train.progress_bar", "data.read_threads", "data.prefetch",
+    "train.distributed", "train.peak_flops", "train.progress_bar", "train.tracker", "train.tracker_project",
+    "train.tracker_group", "train.tracker_run", "train.verify_checkpoints", "train.divergence",
+    "data.read_threads", "data.prefetch",
 }
 
 

@@ -4,8 +4,11 @@
 base checkpoint) plus `lora` (rank, alpha and the noise convention the adapter is trained and sampled
 with) and `drafter` (block curriculum and loss weights). `train_drafter` loads and freezes the base,
 trains only the adapter (sharded, checkpointed, resumable like any run) and saves it to
-WORKDIR/adapter/ (`nn.lora.save`); WORKDIR/drafter.json records the settings, so a rerun with other
-drafter settings is refused unless forced.
+WORKDIR/adapter/ (`nn.lora.save`); WORKDIR/drafter.json records the settings. The settings and the
+content of the base checkpoint (its checksums, not its path) are part of the run's identity
+(`train.identity`), so a rerun with other drafter settings or another base is refused unless forced.
+The data are rendered with the base checkpoint's recorded prompt format (`data.render`) unless the run
+sets prompt-format fields of its own (`data.prompt_key`, …).
 """
 from __future__ import annotations
 
@@ -15,13 +18,14 @@ import os
 from typing import Any, Sequence
 
 from .. import overrides as ov
-from ..config import ConfigError, LoraConfig
+from ..config import ConfigError, LoraConfig, PromptFormat
 from ..files import atomic_write_json
 from ..nn import checkpoint as ckpt_lib
 from ..nn import lora as lora_lib
 from ..objectives.drafter import DrafterConfig, drafter_objective
 from . import config as rc
 from .hooks import Hook
+from .identity import file_fingerprint
 from .loop import train
 
 # Uno trains the adapter without weight decay; the trained params are an adapter, not a model.
@@ -43,11 +47,17 @@ def load_config(name_or_path: str, overrides: list[str] | dict[str, Any] = ()) -
 
 
 def _settings(base: str, cfg: DrafterRunConfig) -> dict:
-    """What WORKDIR/drafter.json records (and a resumed run must match)."""
+    """What WORKDIR/drafter.json records."""
     d = cfg.drafter
     return {"base": os.path.abspath(base), "lora": {"rank": cfg.lora.rank, "alpha": cfg.lora.alpha},
             "drafter": {"block_sizes": list(d.block_sizes), "block_borders": d.block_borders, "noise": cfg.lora.noise,
                         "tv_weight": d.tv_weight, "ce_weight": d.ce_weight, "kl_weight": d.kl_weight}}
+
+
+def _identity(base: str, settings: dict) -> dict:
+    """The settings with the base checkpoint named by content (its checksums), so a moved base resumes."""
+    sums = file_fingerprint(os.path.join(base, ckpt_lib.CHECKSUMS_FILE))
+    return {"drafter": {**settings, "base": sums or os.path.realpath(base)}}
 
 
 def train_drafter(cfg: DrafterRunConfig, base: str, workdir: str, *, force: bool = False,
@@ -61,22 +71,18 @@ def train_drafter(cfg: DrafterRunConfig, base: str, workdir: str, *, force: bool
         raise ConfigError(f"lora.noise=mask needs a mask token, but {base} has mask_token_id=None")
     run = cfg.run_config()
     run = run.replace(model=base_config.with_runtime_of(run.model))
+    recorded = ckpt_lib.load_prompt_format(base)
+    if recorded is not None and PromptFormat.of(run.data) == PromptFormat():  # render as the base was trained
+        run = run.replace(data=dataclasses.replace(run.data, **dataclasses.asdict(recorded)))
     settings = _settings(base, cfg)
-    meta_path = os.path.join(workdir, "drafter.json")
-    if os.path.exists(meta_path) and not force:
-        with open(meta_path) as f:
-            old = json.load(f)
-        if old != json.loads(json.dumps(settings)):
-            raise ConfigError(f"workdir {workdir!r} holds a drafter run with different settings {old}; "
-                              f"refusing to resume (use --force or another --workdir)")
-    base_params, _ = ckpt_lib.load(base)
+    base_params, _ = ckpt_lib.load(base, verify=run.train.verify_checkpoints)
     model_config, lora = run.model, cfg.lora
     objective = drafter_objective(model_config, lora, cfg.drafter)
-    os.makedirs(workdir, exist_ok=True)
-    atomic_write_json(meta_path, settings)
     summary = train(run, workdir, force=force, objective=objective,
                     init_params=lambda key: lora_lib.init_lora(model_config, lora, key),
-                    frozen_params=base_params, hooks=hooks, return_state=True)
+                    frozen_params=base_params, hooks=hooks, return_state=True,
+                    identity_extra=_identity(base, json.loads(json.dumps(settings))))
+    atomic_write_json(os.path.join(workdir, "drafter.json"), settings)
     state = summary.pop("state")
     if summary["status"] == "completed":
         summary["adapter"] = str(lora_lib.save(os.path.join(workdir, "adapter"), state["params"], lora))

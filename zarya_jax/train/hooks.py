@@ -82,14 +82,15 @@ class OnStep(Hook):
 
 
 class MetricsLogger(Hook):
-    """Every `log_every` steps (and at the last): a row of WORKDIR/metrics.jsonl (+ TensorBoard) with
+    """Every `log_every` steps (and at the last): a row of WORKDIR/metrics.jsonl (+ TensorBoard and the
+    experiment tracker, `tracker`: a function opening it, see `MetricsLog`) with
     the interval's mean loss, throughput and MFU estimate, the step's other metrics and its eval loss;
     an eval loss at another step gets a row of its own. Summary: tokens/s and MFU over the run, the
     first logged interval (compilation) excluded."""
 
     def __init__(self, workdir: str, start_step: int, log_every: int, rows_per_step: int, seq_len: int,
-                 flops_per_token: float, peak_flops: float):
-        self.log = MetricsLog(workdir, start_step)
+                 flops_per_token: float, peak_flops: float, tracker=None):
+        self.log = MetricsLog(workdir, start_step, tracker=tracker)
         self.start, self.log_every = start_step, log_every
         self.rows_per_step, self.seq_len = rows_per_step, seq_len
         self.flops_per_token, self.peak = flops_per_token, peak_flops
@@ -191,13 +192,16 @@ class Checkpointer(Hook):
 
 
 class Export(Hook):
-    """When the run completed: `export(params, WORKDIR/final, tokenizer)` (an objective's model export);
-    the summary's `final_params` is the written path."""
+    """When the run completed: `export(params, WORKDIR/final, tokenizer, prompt_format)` (an objective's
+    model export, recording how the data was rendered); the summary's `final_params` is the written path.
+    A rerun of a finished run (no step taken) keeps the export already there."""
 
-    def __init__(self, export: Callable[[Any, str, Any], str], workdir: str, tokenizer):
-        self.export, self.workdir, self.tokenizer = export, workdir, tokenizer
+    def __init__(self, export: Callable[[Any, str, Any, Any], str], workdir: str, tokenizer, prompt_format):
+        self.export, self.workdir, self.tokenizer, self.prompt_format = export, workdir, tokenizer, prompt_format
 
     def on_end(self, state: dict, summary: dict) -> None:
         if summary["status"] == "completed":
-            path = self.export(state["params"], os.path.join(self.workdir, "final"), self.tokenizer)
+            path = os.path.join(self.workdir, "final")
+            if not (summary["start_step"] == summary["step"] and os.path.isdir(path)):
+                path = self.export(state["params"], path, self.tokenizer, self.prompt_format)
             summary["final_params"] = os.path.abspath(path)

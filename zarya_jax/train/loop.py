@@ -7,27 +7,35 @@ and data iterator) or initialise (random or `train.init_from`) → loop: batch �
 at the end, the objective's export of the final params.
 
 Resuming is the default: a workdir with checkpoints continues from the latest one, exactly (same
-params, optimizer state, step, PRNG and data position), provided the run config is unchanged (else
-`ConfigError`, unless `force=True`). SIGTERM/SIGINT finish the current step, save a checkpoint and
-return with `status='interrupted'` — on several hosts after the same step on all of them, whichever host
-got the signal (`train.preemption`).
+params, optimizer state, step, PRNG and data position), provided it is the same run: same config and
+same data content (`train.identity`; else `ConfigError`, unless `force=True`). The workdir's record of
+the run is rewritten only once the state is restored, so a refused or failed (forced) resume changes
+nothing. Every checkpoint read is verified against its checksums (`train.verify_checkpoints`). SIGTERM/
+SIGINT finish the current step, save a checkpoint and return with `status='interrupted'` — on several
+hosts after the same step on all of them, whichever host got the signal (`train.preemption`). A
+non-finite step (`NonFiniteError`) or a diverging run (`train.divergence`) stops before that step is
+checkpointed.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
+import shutil
+import time
 from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
-from ..config import ConfigError, ModelConfig
+from ..config import ConfigError, ModelConfig, PromptFormat
 from ..data import pipeline as data_lib
 from ..data.tokenizer import load_tokenizer
-from ..files import atomic_write_json
+from ..files import atomic_write_json, check_writable_dir
 from ..nn import checkpoint as ckpt_lib
 from ..nn import model as model_lib
 from ..objectives.ar import ar_objective
@@ -35,15 +43,18 @@ from ..objectives.base import Objective
 from ..objectives.losses import mask_id_of
 from ..objectives.zarya import zarya_objective
 from . import config as rc
+from . import identity
 from . import sharding as shd
+from . import trackers
 from .checkpoints import RunCheckpointer, abstract_like
+from .divergence import DivergenceDetector, DivergenceError
 from .hooks import Checkpointer, Evaluator, Export, Hook, MetricsLogger, ProgressBar, StepEvent
 from .metrics import peak_flops, train_flops_per_token
 from .preemption import StopSignal
 from .step import (NonFiniteError, StepCache, build_optimizer, host_fingerprint, init_state, make_eval_step,
                    make_train_step, state_shardings)
 
-CONFIG_FILE = "run_config.json"
+CONFIG_FILE = identity.CONFIG_FILE
 _STRUCTURAL = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
                "head_dim", "tie_word_embeddings")
 BATCH_KEYS = ("tokens", "segment_ids", "positions", "answer_mask")
@@ -52,24 +63,6 @@ BATCH_KEYS = ("tokens", "segment_ids", "positions", "answer_mask")
 def _log(msg: str) -> None:
     if jax.process_index() == 0:
         print(msg, flush=True)
-
-
-def check_workdir(run: rc.RunConfig, workdir: str, force: bool) -> None:
-    """Refuses to resume a workdir whose checkpoints belong to a different run config."""
-    ckpt_dir = os.path.join(workdir, "checkpoints")
-    has_ckpt = os.path.isdir(ckpt_dir) and any(name.isdigit() for name in os.listdir(ckpt_dir))
-    path = os.path.join(workdir, CONFIG_FILE)
-    if has_ckpt and not force:
-        if not os.path.exists(path):
-            raise ConfigError(f"workdir {workdir!r} holds checkpoints but no {CONFIG_FILE}: refusing to resume "
-                              f"(use --force, or another --workdir)")
-        with open(path) as f:
-            old = rc.from_dict(json.load(f))
-        changes = rc.diff(old, run)
-        if changes:
-            raise ConfigError(f"workdir {workdir!r} holds a run with a different config; refusing to resume "
-                              f"(use --force to resume anyway, or another --workdir). Differences: "
-                              + "; ".join(changes))
 
 
 def resolve_model(run: rc.RunConfig, tokenizer, init_config: ModelConfig | None) -> ModelConfig:
@@ -117,9 +110,11 @@ class _Setup:
     init_config: ModelConfig | None
 
 
-def _prepare(run: rc.RunConfig, workdir: str, force: bool, objective: Objective | None) -> _Setup:
+def _prepare(run: rc.RunConfig, workdir: str, force: bool, objective: Objective | None,
+             extra_identity: dict | None) -> _Setup:
     """Validates every input before any compute: init checkpoint, tokenizer vs model, workdir, data,
     batch vs mesh, objective (default: Zarya's for `run.zarya`)."""
+    trackers.check(run.train.tracker)
     tokenizer = load_tokenizer(run.data.tokenizer)
     init_config = None
     if run.train.init_from:
@@ -132,7 +127,7 @@ def _prepare(run: rc.RunConfig, workdir: str, force: bool, objective: Objective 
         if changed:
             _log(f"note: model structure taken from {run.train.init_from} ({', '.join(changed)} differ from the config)")
     run = run.replace(model=model_cfg)
-    check_workdir(run, workdir, force)
+    identity.check_workdir(run, workdir, force, extra_identity)
     splits = data_lib.load_splits(run.data, tokenizer)
     _log(f"data: {splits.stats}")
     mesh = shd.make_mesh(run.mesh)
@@ -161,13 +156,14 @@ def _initial_state(setup: _Setup, ckpt: RunCheckpointer, train_iter, init_params
     `init_params` is given), else `init_params` (a tree, or key -> tree; default a fresh model init),
     written straight into the state shardings."""
     latest = ckpt.latest_step()
+    verify = setup.run.train.verify_checkpoints
     if latest is not None:
-        state, _ = ckpt.restore(latest, abstract_like(abstract_state, state_sh), train_iter)
+        state, _ = ckpt.restore(latest, abstract_like(abstract_state, state_sh), train_iter, verify=verify)
         _log(f"resumed from {ckpt.directory}/{latest}")
         return state
     from_params = jax.jit(lambda p: init_state(p, optimizer, run_key), out_shardings=state_sh)
     if init_params is None and setup.init_config is not None:
-        loaded, _ = ckpt_lib.load(setup.run.train.init_from, state_sh["params"])
+        loaded, _ = ckpt_lib.load(setup.run.train.init_from, state_sh["params"], verify=verify)
         _log(f"initialised from {setup.run.train.init_from}")
         return from_params(loaded)
     if init_params is not None and not callable(init_params):
@@ -199,7 +195,7 @@ def _evaluator(setup: _Setup, steps: StepCache, frozen, total: int) -> Evaluator
 
 def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Objective | None = None,
           init_params: Any = None, frozen_params: Any = None, hooks: Sequence[Hook] = (),
-          return_state: bool = False) -> dict:
+          return_state: bool = False, identity_extra: dict | None = None) -> dict:
     """Trains (or resumes) the run in `workdir`. Returns a summary dict (status, step, loss, eval_loss,
     tokens_per_s, mfu, final_params, …; plus 'state' when `return_state`).
 
@@ -208,32 +204,45 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
     a tree passed to the loss but not trained (e.g. the AR base under a LoRA drafter); give it again
     when resuming. hooks: more `train.hooks.Hook`s, run after the built-in ones (eval, metrics log,
     progress bar, checkpoint, export of the final params when the objective has an export and
-    `train.export_final`).
+    `train.export_final`). identity_extra: more JSON that identifies the run (compared on resume like
+    the config, e.g. a drafter's settings and the content of its base checkpoint).
     """
+    t0 = time.perf_counter()
     shd.maybe_initialize_distributed(run.train.distributed)
-    os.makedirs(workdir, exist_ok=True)
-    setup = _prepare(run, workdir, force, objective)
+    check_writable_dir(workdir, "--workdir")
+    setup = _prepare(run, workdir, force, objective, identity_extra)
     run, objective, mesh = setup.run, setup.objective, setup.mesh
-    if jax.process_index() == 0:
-        atomic_write_json(os.path.join(workdir, CONFIG_FILE), run.to_dict(), sort_keys=True)
-
-    # ---- state: restore or initialise, straight onto the mesh
-    total = run.train.steps
-    init_key, run_key = jax.random.split(jax.random.PRNGKey(run.train.seed))
-    init_fn = _init_fn(init_params, setup.model_config)
-    optimizer, trainable_mask = build_optimizer(run.optim, total, jax.eval_shape(init_fn, init_key))
-    abstract_state = jax.eval_shape(lambda k: init_state(init_fn(k), optimizer, run_key), init_key)
-    state_sh = state_shardings(abstract_state, optimizer, mesh)
-    frozen_sh = None if frozen_params is None else shd.tree_shardings(frozen_params, mesh)
-    frozen = None if frozen_params is None else jax.device_put(frozen_params, frozen_sh)
-    train_iter = iter(data_lib.make_dataset(setup.splits.train, run.data, local_batch=setup.local_batch,
-                                            pad_id=setup.tokenizer.pad_id, process_index=jax.process_index(),
-                                            process_count=jax.process_count()))
-    ckpt = RunCheckpointer(workdir, keep=run.train.keep, keep_best=run.train.keep_best,
-                           async_save=run.train.async_checkpointing)
-    state = _initial_state(setup, ckpt, train_iter, init_params, optimizer, abstract_state, state_sh, init_key,
-                           run_key)
+    # ---- state: restore or initialise, straight onto the mesh. A failure here (a damaged or unfitting
+    # checkpoint) leaves the workdir as it was: a workdir this call created is removed again.
+    created = not os.path.exists(workdir)
+    os.makedirs(workdir, exist_ok=True)
+    ckpt = None
+    try:
+        total = run.train.steps
+        init_key, run_key = jax.random.split(jax.random.PRNGKey(run.train.seed))
+        init_fn = _init_fn(init_params, setup.model_config)
+        optimizer, trainable_mask = build_optimizer(run.optim, total, jax.eval_shape(init_fn, init_key))
+        abstract_state = jax.eval_shape(lambda k: init_state(init_fn(k), optimizer, run_key), init_key)
+        state_sh = state_shardings(abstract_state, optimizer, mesh)
+        frozen_sh = None if frozen_params is None else shd.tree_shardings(frozen_params, mesh)
+        frozen = None if frozen_params is None else jax.device_put(frozen_params, frozen_sh)
+        train_iter = iter(data_lib.make_dataset(setup.splits.train, run.data, local_batch=setup.local_batch,
+                                                pad_id=setup.tokenizer.pad_id, process_index=jax.process_index(),
+                                                process_count=jax.process_count()))
+        ckpt = RunCheckpointer(workdir, keep=run.train.keep, keep_best=run.train.keep_best,
+                               async_save=run.train.async_checkpointing)
+        state = _initial_state(setup, ckpt, train_iter, init_params, optimizer, abstract_state, state_sh, init_key,
+                               run_key)
+        if jax.process_index() == 0:  # only now: a refused or failed restore leaves the workdir's record as it was
+            identity.record(run, workdir, identity_extra)
+    except BaseException:
+        if ckpt is not None:
+            ckpt.close()
+        if created and jax.process_index() == 0:
+            shutil.rmtree(workdir, ignore_errors=True)
+        raise
     start = int(state["step"])
+    detector = DivergenceDetector(run.train.divergence, float(jax.jit(optax.tree.norm)(state["params"])))
     steps = StepCache(make_train_step(objective, optimizer, run.optim, total, mesh, trainable_mask),
                       make_eval_step(objective, total, mesh), state_sh, frozen_sh, mesh, BATCH_KEYS)
 
@@ -243,14 +252,19 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
          f"{run.data.batch_size}×{run.data.max_length}; steps {start}→{total}; MFU peak: {peak_note}")
 
     # ---- hooks, in the order they run (see train.hooks)
+    t = run.train
+    tracker = None if t.tracker == "none" else functools.partial(
+        trackers.open_tracker, t.tracker, project=t.tracker_project, group=t.tracker_group, name=t.tracker_run,
+        config=run.to_dict(), workdir=workdir)
     logger = MetricsLogger(workdir, start, run.train.log_every, run.data.batch_size, run.data.max_length,
-                           flops_tok, peak)
+                           flops_tok, peak, tracker)
     saver = Checkpointer(ckpt, train_iter, run.train.save_every, start)
     all_hooks = [h for h in (
         _evaluator(setup, steps, frozen, total), logger,
         ProgressBar(total, start, logger) if run.train.progress_bar and jax.process_index() == 0 else None,
         saver,
-        Export(objective.export, workdir, setup.tokenizer) if run.train.export_final and objective.export else None,
+        Export(objective.export, workdir, setup.tokenizer, PromptFormat.of(run.data))
+        if run.train.export_final and objective.export else None,
     ) if h is not None] + list(hooks)
 
     summary: dict[str, Any] = {"status": "completed", "workdir": os.path.abspath(workdir), "start_step": start,
@@ -258,7 +272,7 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
     flag = StopSignal()
     try:
         state, last_loss = _run_steps(state, frozen, steps, objective, train_iter, setup, all_hooks, saver, ckpt,
-                                      flag, start, total, summary)
+                                      flag, start, total, summary, detector)
     finally:
         flag.restore()
         for h in all_hooks:
@@ -268,28 +282,64 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
                    checkpoint_dir=ckpt.directory, final_params=None)
     for h in all_hooks:
         h.on_end(state, summary)
+    summary["wall_s"] = time.perf_counter() - t0
+    _record_summary(workdir, summary)
     if return_state:
         summary["state"] = state
     return summary
 
 
+SUMMARY_FILE = "summary.json"
+_RECORDED = ("loss", "eval_loss", "tokens_per_s", "mfu", "wall_s")
+
+
+def _record_summary(workdir: str, summary: dict) -> None:
+    """A completed run's summary goes to WORKDIR/summary.json; a rerun that finds nothing left to do
+    reports those numbers instead of the nulls of zero steps (and never writes over them)."""
+    path = os.path.join(workdir, SUMMARY_FILE)
+    if summary["status"] != "completed" or jax.process_index() != 0:
+        return
+    if summary["start_step"] == summary["step"] and os.path.exists(path):
+        try:
+            with open(path) as f:
+                recorded = json.load(f)
+        except (OSError, ValueError):
+            recorded = {}
+        if recorded.get("step") == summary["step"]:
+            summary.update({k: recorded.get(k) for k in _RECORDED})
+            return
+    atomic_write_json(path, {k: v for k, v in summary.items() if k != "state"}, default=str)
+
+
 def _run_steps(state, frozen, steps: StepCache, objective: Objective, train_iter, setup: _Setup,
                hooks: list[Hook], saver: Checkpointer, ckpt: RunCheckpointer, flag: StopSignal, start: int,
-               total: int, summary: dict) -> tuple[dict, float | None]:
+               total: int, summary: dict, detector: DivergenceDetector) -> tuple[dict, float | None]:
     """Steps `start` → `total` (see `train.hooks` for when hooks run and the host synchronises).
     Returns (final state, last step loss); a signal sets `summary['status']` to 'interrupted'."""
     mesh = setup.mesh
     last: dict[str, float] = {}
 
+    def last_checkpoint() -> str:
+        step = ckpt.latest_step()
+        return ("no checkpoint was written" if step is None else
+                f"the last checkpoint, {ckpt.step_dir(step)}, was written from a healthy state")
+
     def fetch(pending) -> StepEvent:
-        """The host side of a dispatched step: its metrics, checked for NaN/Inf (synchronises on it)."""
+        """The host side of a dispatched step: its metrics, checked for NaN/Inf and divergence before any
+        hook sees them (synchronises on the step)."""
         step_no, metrics, tokens, crc = pending
         m = jax.device_get(metrics)
         if int(m["bad_step"]) >= 0:
             raise NonFiniteError(
-                f"loss or gradient became non-finite at step {int(m['bad_step']) + 1} (loss={float(m['loss'])}, "
-                f"grad_norm={float(m['grad_norm'])}); training stopped. The state was not updated; the last "
-                f"checkpoint ({ckpt.latest_step()}) is intact. Lower optim.lr or check the data.")
+                f"loss, gradient or params became non-finite at step {int(m['bad_step']) + 1} "
+                f"(loss={float(m['loss'])}, grad_norm={float(m['grad_norm'])}, param_norm={float(m['param_norm'])})"
+                f"; training stopped and the state was not updated; {last_checkpoint()}. Lower optim.lr or check "
+                "the data.")
+        reason = detector.check(step_no, {k: float(v) for k, v in m.items()})
+        if reason:
+            raise DivergenceError(f"training diverged at step {step_no}: {reason}. Training stopped without saving "
+                                  f"this step; {last_checkpoint()}. Lower optim.lr, check the data, or adjust "
+                                  "train.divergence.*")
         last.clear()
         last.update({k: float(v) for k, v in m.items() if k != "bad_step"})
         return StepEvent(step_no, total, dict(last), tokens, crc)

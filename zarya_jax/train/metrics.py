@@ -1,15 +1,18 @@
-"""Metrics: JSONL + TensorBoard writers, the model-FLOPs-utilisation (MFU) estimate, and the device tables
-(bf16 peak FLOP/s, HBM bandwidth) that MFU and the decode roofline are measured against."""
+"""Metrics: JSONL + TensorBoard (+ Weights & Biases / trackio, `trackers`) writers, the
+model-FLOPs-utilisation (MFU) estimate, and the device tables (bf16 peak FLOP/s, HBM bandwidth) that MFU
+and the decode roofline are measured against."""
 from __future__ import annotations
 
 import json
 import math
 import os
+from typing import Callable
 
 import jax
 
 from ..config import ModelConfig
 from ..files import atomic_write
+from .trackers import Tracker
 
 # Dense bf16 peak FLOP/s per device (vendor data sheets), matched as substrings of `device_kind`.
 PEAK_FLOPS = (
@@ -89,26 +92,32 @@ def train_flops_per_token(config: ModelConfig, seq_len: int, forward_passes: flo
 
 
 class MetricsLog:
-    """Appends `{"step": s, ...}` lines to WORKDIR/metrics.jsonl and scalars to TensorBoard (WORKDIR/tb).
+    """Appends `{"step": s, ...}` lines to WORKDIR/metrics.jsonl, scalars to TensorBoard (WORKDIR/tb) and
+    the rows to an experiment tracker (`tracker`: a function opening one, `trackers.open_tracker`).
 
     On resume from step s, lines after s are dropped first so the file reads as one uninterrupted run.
-    Only process 0 writes.
+    Only process 0 writes (and opens the tracker).
     """
 
-    def __init__(self, workdir: str, start_step: int, tensorboard: bool = True):
+    def __init__(self, workdir: str, start_step: int, tensorboard: bool = True,
+                 tracker: Callable[[], Tracker | None] | None = None):
         self.enabled = jax.process_index() == 0
         self.path = os.path.join(workdir, "metrics.jsonl")
-        self._tb = None
+        self._tb = self._tracker = None
         if not self.enabled:
             return
         if os.path.exists(self.path):
             with open(self.path) as f:
-                keep = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= start_step]
-            atomic_write(self.path, "".join(keep))
+                lines = [line for line in f if line.strip()]
+            keep = [line for line in lines if json.loads(line).get("step", 0) <= start_step]
+            if len(keep) < len(lines):  # untouched when nothing is dropped (a rerun of a finished run)
+                atomic_write(self.path, "".join(keep))
         self._file = open(self.path, "a")
         if tensorboard:
             from tensorboardX import SummaryWriter  # protobuf and friends load only when a run logs
             self._tb = SummaryWriter(os.path.join(workdir, "tb"))
+        if tracker is not None:
+            self._tracker = tracker()
 
     def write(self, step: int, metrics: dict) -> None:
         if not self.enabled:
@@ -122,6 +131,8 @@ class MetricsLog:
             for k, v in row.items():
                 if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
                     self._tb.add_scalar(k, v, step)
+        if self._tracker is not None:
+            self._tracker.log(int(step), {k: v for k, v in row.items() if k != "step"})
 
     def close(self) -> None:
         if not self.enabled:
@@ -129,6 +140,8 @@ class MetricsLog:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+        if self._tracker is not None:
+            self._tracker.close()
 
 
 def read_metrics(workdir: str) -> list[dict]:

@@ -11,12 +11,13 @@ first step whose loss or gradient was not finite). Per-step randomness is
 `fold_in(run_key, step)` (and `fold_in(·, micro)` per accumulation micro-batch), so a resumed run
 repeats bit for bit.
 
-The step: micro-batches scanned for gradient accumulation → clip → AdamW. A non-finite loss or grad
-norm leaves the state as it was (params, optimizer, step) and records `bad_step`; the loop then stops
-with `NonFiniteError`, so no broken state is ever checkpointed. The state is donated into the jitted step
-(its buffers are reused for the new state: one copy of params and Adam moments in memory). Steps are
-traced with the mesh as the context mesh, so the model's fused attention kernels run per shard
-(`nn.attention`).
+The step: micro-batches scanned for gradient accumulation → clip → AdamW. A non-finite loss, grad
+norm or updated params leaves the state as it was (params, optimizer, step) and records `bad_step`; the
+loop then stops with `NonFiniteError`, so no broken state is ever checkpointed. The step also reports
+`param_norm`, the updated params' global norm, for the divergence checks (`train.divergence`). The state is donated
+into the jitted step (its buffers are reused for the new state: one copy of params and Adam moments in
+memory). Steps are traced with the mesh as the context mesh, so the model's fused attention kernels run
+per shard (`nn.attention`).
 """
 from __future__ import annotations
 
@@ -30,11 +31,12 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ..objectives.base import Objective, StepInfo
 from . import sharding as shd
+from .divergence import DivergenceError
 from .optim import OptimConfig, make_optimizer, make_schedule, trainable_labels
 
 
-class NonFiniteError(FloatingPointError):
-    """The loss or gradient became NaN/Inf; the state was not updated and not checkpointed."""
+class NonFiniteError(DivergenceError):
+    """The loss, gradient or updated params became NaN/Inf; the state was not updated nor checkpointed."""
 
 
 # ------------------------------------------------------------------ state and shardings
@@ -121,7 +123,8 @@ def make_train_step(objective: Objective, optimizer, optim_config: OptimConfig, 
         grad_norm = optax.tree.norm(counted)
         updates, opt_state = optimizer.update(grads, state["opt_state"], params)
         new_params = optax.apply_updates(params, updates)
-        ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & (state["bad_step"] < 0)
+        param_norm = optax.tree.norm(new_params)
+        ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(param_norm) & (state["bad_step"] < 0)
         new_state = {
             "step": jnp.where(ok, state["step"] + 1, state["step"]),
             "params": _where_tree(ok, new_params, params),
@@ -129,7 +132,7 @@ def make_train_step(objective: Objective, optimizer, optim_config: OptimConfig, 
             "rng": state["rng"],
             "bad_step": jnp.where(ok | (state["bad_step"] >= 0), state["bad_step"], state["step"]),
         }
-        out = {"loss": loss, "grad_norm": grad_norm, "lr": schedule(state["step"]),
+        out = {"loss": loss, "grad_norm": grad_norm, "param_norm": param_norm, "lr": schedule(state["step"]),
                "bad_step": new_state["bad_step"], **{k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}}
         return new_state, out
 

@@ -1,0 +1,30 @@
+"""Reading JSONL files, for every reader of data (training, evaluation, prompts files).
+
+`jsonl_lines` reads a file line by line as bytes, so a line that is not UTF-8 is one malformed line
+(named by file and line, skippable where the caller skips), not a crash of the whole read. What a valid
+record is (`{"prompt", "answer"}` under the prompt format's field names, or chat `messages`) is
+`zarya_jax.data.render.parse`.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator
+
+
+def jsonl_lines(path: str) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed JSON value or the ValueError that line raised) for every non-blank line."""
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield line_no, ValueError(f"not UTF-8 text (byte {e.start})")
+                continue
+            if not line.strip():
+                continue
+            try:
+                yield line_no, json.loads(line)
+            except ValueError as e:  # json.JSONDecodeError
+                yield line_no, ValueError(f"not valid JSON ({getattr(e, 'msg', e)})")
+
+
