@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Callable
 
@@ -35,3 +36,22 @@ def run(body: Callable[[], int], resume_hint: str = "") -> int:
     except KeyboardInterrupt as e:
         print(f"interrupted: {one_line(e)}{resume_hint}", file=sys.stderr)
         return 130
+
+
+def add_run_flags(p: argparse.ArgumentParser) -> None:
+    """The flags every training command shares: `--set`, `--force`, `--no-verify`."""
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a knob, e.g. --set optim.lr=1e-3 (repeatable; the list is below)")
+    p.add_argument("--force", action="store_true", help="resume even if the workdir holds a different config")
+    p.add_argument("--no-verify", action="store_true",
+                   help="read checkpoints without checking their checksums (train.verify_checkpoints=false)")
+
+
+def run_overrides(args) -> list[str]:
+    """The `--set` overrides of `add_run_flags`, with `--no-verify` as its knob."""
+    return list(args.overrides) + (["train.verify_checkpoints=false"] if args.no_verify else [])
+
+
+def run_status(summary: dict) -> int:
+    """A training run's exit status: 0, or 128 + the signal that stopped it (it saved a checkpoint)."""
+    return 128 + summary["signal"] if summary["status"] == "interrupted" else 0

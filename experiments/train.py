@@ -28,13 +28,9 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m experiments.train", description=__doc__,
                                 epilog=overrides.help_table(rc.knobs()), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="preset name (zarya_jax/configs/) or YAML/JSON file")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a knob, e.g. --set optim.lr=1e-3 (repeatable)")
     p.add_argument("--workdir", required=True, help="run directory: checkpoints, metrics.jsonl, tb/, final/")
     p.add_argument("--init-from", default=None, help="converted checkpoint to start from (train.init_from)")
-    p.add_argument("--force", action="store_true", help="resume even if the workdir holds a different config")
-    p.add_argument("--no-verify", action="store_true",
-                   help="read checkpoints without checking their checksums (train.verify_checkpoints=false)")
+    cli.add_run_flags(p)
     return p
 
 
@@ -44,14 +40,10 @@ def main(argv=None) -> int:
 
 
 def _run(args) -> int:
-    overrides = list(args.overrides)
-    if args.init_from:
-        overrides.append(f"train.init_from={args.init_from}")
-    if args.no_verify:
-        overrides.append("train.verify_checkpoints=false")
+    overrides = cli.run_overrides(args) + ([f"train.init_from={args.init_from}"] if args.init_from else [])
     summary = train(rc.load(args.config, overrides), args.workdir, force=args.force)
     print(json.dumps({k: v for k, v in summary.items() if k != "state"}, indent=2, default=str))
-    return 128 + summary["signal"] if summary["status"] == "interrupted" else 0
+    return cli.run_status(summary)
 
 
 if __name__ == "__main__":

@@ -38,11 +38,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--base", required=True, help="frozen AR checkpoint directory (zarya_jax.checkpoint)")
     p.add_argument("--workdir", required=True, help="run directory: checkpoints, metrics, adapter/")
     p.add_argument("--config", default="tiny", help="run config preset or YAML/JSON file (model section ignored)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a knob (list below), repeatable")
-    p.add_argument("--force", action="store_true", help="resume even if DIR holds a different config")
-    p.add_argument("--no-verify", action="store_true",
-                   help="read checkpoints without checking their checksums (train.verify_checkpoints=false)")
+    cli.add_run_flags(p)
     return p
 
 
@@ -52,11 +48,10 @@ def main(argv=None) -> int:
 
 
 def _run(args) -> int:
-    overrides = list(args.overrides) + (["train.verify_checkpoints=false"] if args.no_verify else [])
-    cfg = drafter_run.load_config(args.config, overrides)
+    cfg = drafter_run.load_config(args.config, cli.run_overrides(args))
     summary = drafter_run.train_drafter(cfg, args.base, args.workdir, force=args.force)
     print(json.dumps(summary, indent=2, default=str))
-    return 128 + summary["signal"] if summary["status"] == "interrupted" else 0
+    return cli.run_status(summary)
 
 
 if __name__ == "__main__":
