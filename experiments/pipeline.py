@@ -391,7 +391,8 @@ def report_markdown(report: dict) -> str:
     front = report.get("frontier")
     tol = report["config"]["frontier"]["tolerance"]
     how = (f"knobs chosen per mode on {front['validation_examples']} validation examples (the most tokens per "
-           f"forward at no less than AR's accuracy there{f' minus {100 * tol:g} points' if tol else ''})"
+           "forward among the points that answer correctly every example AR answers correctly there"
+           f"{f', but for {100 * tol:g}% of the examples' if tol else ''}; else the most accurate point)"
            if front else "knobs from eval.knobs")
     lines += ["", f"Test split: {modes[0]['examples'] if modes else 0} held-out examples, greedy decoding; {how}.",
               "", summary_markdown(modes)]
@@ -405,13 +406,17 @@ def report_markdown(report: dict) -> str:
         lines += ["", "## Diagnostics (test split)", "", diagnose.markdown(report["diagnostics"])]
     if front:
         lines += ["", "## Frontier (validation split)", "",
-                  "| mode | knobs | exact match | tokens / forward | tokens / s |", "|---|---|---|---|---|"]
+                  "| mode | knobs | exact match | examples lost to AR | tokens / forward | tokens / s |",
+                  "|---|---|---|---|---|---|"]
+        ar = next((p for p in front["points"] if p["mode"] == "ar" and "correct" in p), None)
         for r in sorted(frontier.pareto(front["points"]), key=lambda r: (list(MODE_LABELS).index(r["mode"]),
                                                                           r["tokens_per_forward"])):
-            lines.append(f"| {r['label']} | {r['point'] or '–'} | {_pct(r['accuracy'])} | "
+            lost = frontier.losses_to(ar, r) if ar and "correct" in r else "–"
+            lines.append(f"| {r['label']} | {r['point'] or '–'} | {_pct(r['accuracy'])} | {lost} | "
                          f"{r['tokens_per_forward']:.2f} | {r['tokens_per_s']:.0f} |")
         lines.append(f"\n{len(front['points'])} points in all (`report.json` → frontier.points); the table lists "
-                     "those no other point of the same mode beats on both accuracy and tokens per forward.")
+                     "those no other point of the same mode beats on both accuracy and tokens per forward. "
+                     "Examples lost to AR: answered wrongly where AR answers correctly.")
     lines += ["", f"Total wall time: {report['wall_s']:.0f} s.", ""]
     return "\n".join(lines)
 

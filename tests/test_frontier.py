@@ -22,24 +22,33 @@ def test_grid_points():
         FrontierConfig(slotted_corrections=("magic",))
 
 
+def row(mode, correct, tokens_per_forward):
+    """A frontier row from its per-example results (1: answered correctly)."""
+    return {"mode": mode, "correct": [bool(c) for c in correct], "accuracy": sum(correct) / len(correct),
+            "tokens_per_forward": tokens_per_forward}
+
+
 def test_choose_and_pareto():
-    rows = [{"mode": "ar", "accuracy": 0.90, "tokens_per_forward": 1.0},
-            {"mode": "slotted", "accuracy": 0.89, "tokens_per_forward": 3.0},
-            {"mode": "slotted", "accuracy": 0.70, "tokens_per_forward": 6.0},
-            {"mode": "slotted", "accuracy": 0.88, "tokens_per_forward": 5.0},
-            {"mode": "slotted", "accuracy": 0.88, "tokens_per_forward": 5.0},
-            {"mode": "mdm", "accuracy": 0.30, "tokens_per_forward": 2.0},
-            {"mode": "mdm", "accuracy": 0.40, "tokens_per_forward": 1.0}]
-    chosen = frontier.choose(rows, tolerance=0.02)
-    assert chosen["slotted"]["tokens_per_forward"] == 5.0 and chosen["slotted"]["within_tolerance"]
-    assert chosen["mdm"]["accuracy"] == 0.40 and not chosen["mdm"]["within_tolerance"]  # none close: most accurate
-    assert chosen["ar"]["accuracy"] == 0.90
-    strict = frontier.choose(rows, tolerance=0.0)   # the default: at least AR's accuracy, else the most accurate
-    assert strict["slotted"]["tokens_per_forward"] == 3.0 and not strict["slotted"]["within_tolerance"]
+    ar = [1] * 8 + [0, 0]                                        # AR: 8 of 10
+    rows = [row("ar", ar, 1.0),
+            row("slotted", ar, 3.0),                             # AR's answers exactly
+            row("slotted", [0] * 7 + [1, 1, 1], 6.0),            # gains both of AR's misses, loses 7 of its answers
+            row("slotted", [0] + [1] * 7 + [1, 0], 5.0),         # AR's accuracy, one example lost, one gained
+            row("slotted", [1] * 7 + [0, 0, 0], 4.0),            # one lost
+            row("mdm", [1, 1, 1, 0, 0, 0, 0, 0, 0, 0], 2.0),
+            row("mdm", [1, 1, 1, 1, 0, 0, 0, 0, 0, 0], 1.0)]
+    assert [frontier.losses_to(rows[0], r) for r in rows] == [0, 0, 7, 1, 1, 5, 4]
+    # The default: no example AR answers correctly may be lost; a tie in accuracy is not enough.
+    strict = frontier.choose(rows, tolerance=0.0)
+    assert strict["slotted"]["tokens_per_forward"] == 3.0 and strict["slotted"]["within_tolerance"]
+    assert strict["mdm"]["tokens_per_forward"] == 1.0 and not strict["mdm"]["within_tolerance"]  # most accurate
+    assert strict["ar"]["accuracy"] == 0.8
     assert FrontierConfig().tolerance == 0.0
+    loose = frontier.choose(rows, tolerance=0.1)                 # one example of ten may be lost
+    assert loose["slotted"]["tokens_per_forward"] == 5.0
     front = frontier.pareto(rows)
     assert [(r["mode"], r["tokens_per_forward"]) for r in front] == [
-        ("ar", 1.0), ("slotted", 3.0), ("slotted", 6.0), ("slotted", 5.0), ("mdm", 2.0), ("mdm", 1.0)]
+        ("ar", 1.0), ("slotted", 6.0), ("slotted", 5.0), ("mdm", 2.0), ("mdm", 1.0)]
     assert frontier.describe("slotted", {"slot_size": 8, "serial_num_blocks": 4, "slot_threshold": 0.9,
                                          "token_threshold": 0.5, "ar_infill": True, "ar_first_token": True}) \
         == "S=8 NB=4 τs=0.9 τt=0.5 AR infill + first token"
