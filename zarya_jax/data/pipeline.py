@@ -26,7 +26,7 @@ import numpy as np
 
 from ..config import ConfigError, PromptFormat
 from . import render
-from .records import jsonl_lines
+from .records import valid_records
 
 
 class DataError(ValueError):
@@ -89,16 +89,13 @@ def read_records(paths: Sequence[str], on_malformed: str = "fail",
                             f"or messages records)")
         if not path.endswith((".jsonl", ".json")):
             raise DataError(f"data file {path!r}: expected a .jsonl file")
-        for line_no, value in jsonl_lines(path):
-            try:
-                if isinstance(value, ValueError):
-                    raise value
-                render.parse(value, fmt)
+        for line_no, value in valid_records(path, fmt):
+            if not isinstance(value, ValueError):
                 records.append(value)
-            except ValueError as e:
-                if on_malformed == "fail":
-                    raise DataError(f"{path}:{line_no}: malformed record: {e} "
-                                    f"(set data.on_malformed=skip to skip such lines)") from None
+            elif on_malformed == "fail":
+                raise DataError(f"{path}:{line_no}: malformed record: {value} "
+                                f"(set data.on_malformed=skip to skip such lines)")
+            else:
                 skipped += 1
     if not records:
         raise DataError(f"no valid records in {list(paths)}")

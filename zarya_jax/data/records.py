@@ -1,14 +1,18 @@
 """Reading JSONL files, for every reader of data (training, evaluation, prompts files).
 
 `jsonl_lines` reads a file line by line as bytes, so a line that is not UTF-8 is one malformed line
-(named by file and line, skippable where the caller skips), not a crash of the whole read. What a valid
-record is (`{"prompt", "answer"}` under the prompt format's field names, or chat `messages`) is
-`zarya_jax.data.render.parse`.
+(named by file and line, skippable where the caller skips), not a crash of the whole read.
+`valid_records` adds what a valid record is (`{"prompt", "answer"}` under the prompt format's field names,
+or chat `messages`: `zarya_jax.data.render.parse`); each caller decides whether a bad line stops the read
+or is skipped.
 """
 from __future__ import annotations
 
 import json
 from typing import Any, Iterator
+
+from ..config import PromptFormat
+from . import render
 
 
 def jsonl_lines(path: str) -> Iterator[tuple[int, Any]]:
@@ -28,3 +32,14 @@ def jsonl_lines(path: str) -> Iterator[tuple[int, Any]]:
                 yield line_no, ValueError(f"not valid JSON ({getattr(e, 'msg', e)})")
 
 
+def valid_records(path: str, fmt: PromptFormat = PromptFormat(), *, need_answer: bool = True
+                  ) -> Iterator[tuple[int, Any]]:
+    """(line number, a record valid under `fmt`, or the ValueError saying why the line is not one) for
+    every non-blank line."""
+    for line_no, value in jsonl_lines(path):
+        if not isinstance(value, ValueError):
+            try:
+                render.parse(value, fmt, need_answer=need_answer)
+            except ValueError as e:
+                value = e
+        yield line_no, value

@@ -17,8 +17,7 @@ import os
 import random
 
 from ..config import PromptFormat
-from ..data import render
-from ..data.records import jsonl_lines
+from ..data.records import valid_records
 from ..files import atomic_write_jsonl
 
 # Prompts are kept short on purpose: with the byte tokenizer every character is a token, and the
@@ -152,13 +151,9 @@ def read_jsonl(path: str, fmt: PromptFormat = PromptFormat(), *, need_answer: bo
     if not os.path.isfile(path):
         raise FileNotFoundError(f"data file {path!r} does not exist")
     records = []
-    for i, record in jsonl_lines(path):
-        try:
-            if isinstance(record, ValueError):
-                raise record
-            render.parse(record, fmt, need_answer=need_answer)
-        except ValueError as e:
-            raise ValueError(f"{path}:{i}: {e}") from None
+    for i, record in valid_records(path, fmt, need_answer=need_answer):
+        if isinstance(record, ValueError):
+            raise ValueError(f"{path}:{i}: {record}")
         records.append(record)
     if not records:
         raise ValueError(f"data file {path!r} holds no records")

@@ -274,11 +274,7 @@ def load(path: str | os.PathLike, shardings: Any = None, *, verify: bool = True)
     or unverifiable checkpoint.
     """
     path = os.path.abspath(os.fspath(path))
-    sums = None
-    if verify:
-        _check_layout(path)
-        sums = _read_checksums(path)
-        verify_files(path, sums)
+    sums = checksums(path) if verify else None
     config = load_config(path)
     ckptr = _checkpointer()
     params_dir = os.path.join(path, PARAMS_DIR)

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from ..nn import kv_cache
 from ..nn import model as model_lib
-from . import mdm, slotted
+from . import mdm, slotted, spec
 from .config import GenerationConfig
 
 Array = jax.Array
@@ -41,8 +41,9 @@ def window_rows(gcfg: GenerationConfig) -> int:
 
 
 def cache_rows(gcfg: GenerationConfig, prompt_len: int) -> int:
-    extra = gcfg.draft_length + 2 if gcfg.resolved_mode == "spec" else 0
-    return prompt_len + gcfg.max_new_tokens + extra
+    if gcfg.resolved_mode == "spec":
+        return spec.cache_rows(gcfg, prompt_len)
+    return prompt_len + gcfg.max_new_tokens
 
 
 def cached_pass(params, cache: dict, tokens: Array, positions: Array, *, config) -> tuple[Array, dict]:

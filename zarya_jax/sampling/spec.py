@@ -128,6 +128,12 @@ def draft_pass(params, lora_params, cache: dict, seed: Array, n: Array, key: Arr
                            gate=jnp.broadcast_to(idx > 0, (b, F)), lora_params=lora_params, lora=lora)
 
 
+def cache_rows(gcfg: GenerationConfig, prompt_len: int) -> int:
+    """Rows of Ψ-Spec's cache: the prompt, G new tokens and F + 2 rows of slack (the last cycle commits its
+    accepted drafts before the budget G cuts what it emits)."""
+    return prompt_len + gcfg.max_new_tokens + gcfg.draft_length + 2
+
+
 @functools.partial(jax.jit, static_argnames=("config", "gcfg", "lora"))
 def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array, max_cycles: Array, *,
                 config: ModelConfig, gcfg: GenerationConfig, lora: LoraConfig | None = None) -> dict:
@@ -158,7 +164,7 @@ def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array,
                                  presence, config.mask_token_id)
 
     # Prefill: the cache holds the prompt minus its last token, which becomes the first seed.
-    cache = kv_cache.init(config, b, P + G + F + 2, gcfg.kv_cache_dtype)
+    cache = kv_cache.init(config, b, cache_rows(gcfg, P), gcfg.kv_cache_dtype)
     ar_idx = jnp.arange(P)[None, :]
     valid = ar_idx < (lengths - 1)[:, None]
     _, kv = model_lib.apply(params, config, prompts, jnp.broadcast_to(ar_idx, (b, P)).astype(jnp.int32),
