@@ -182,6 +182,11 @@ class GenerationOutput:
     tokens_per_forward: np.float32 [B], lengths / num_forward_passes.
     stats: dict with "mode", "loop_passes" (passes of the batched program), "mean_tokens_per_forward",
       per-mode extras and, with `debug=True`, "trace".
+    logprobs: np.float32 [B, max_new_tokens] for modes "ar" and "spec", else None: log p(token) of each
+      generated token under the AR model at the sampling temperature (1 when greedy), the mask token
+      banned, before top-k / top-p / repetition penalty — what a teacher-forced forward over prompt +
+      output gives (`primitives.token_logprob`); 0 after `lengths[b]`. Modes "mdm" and "slotted" sample
+      from MDM rows and accept by thresholds, so their tokens have no AR-policy probability to report.
     """
 
     tokens: np.ndarray
@@ -189,3 +194,4 @@ class GenerationOutput:
     num_forward_passes: np.ndarray
     tokens_per_forward: np.ndarray
     stats: dict = dataclasses.field(default_factory=dict)
+    logprobs: np.ndarray | None = None

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import ar, mdm, slotted, spec
+from . import ar, decoding, mdm, slotted, spec
 from .config import GenerationConfig, GenerationOutput
 from .decoder import Decoder
 from .prompts import pad_prompts
@@ -67,7 +67,7 @@ def generate(params, config, prompts, generation_config: GenerationConfig, key, 
     decoder = DECODERS[name]
     decoder.check(config, gc, lora_params, lora)
     adapter = decoder.uses_adapter and mode == "spec" and gc.drafter == "lora"
-    _, pad = ar.special_ids(config, gc)
+    _, pad = decoding.special_ids(config, gc)
     tokens, lengths = pad_prompts(prompts, gc.prompt_bucket, pad)
     dyn = {f: jnp.asarray(getattr(gc, f), bool if isinstance(getattr(gc, f), bool) else jnp.float32)
            for f in DYNAMIC_FIELDS}
@@ -84,5 +84,9 @@ def generate(params, config, prompts, generation_config: GenerationConfig, key, 
     if debug and "trace" in raw:
         stats["trace"] = raw["trace"]
         stats["raw_physical"] = {k: raw[k] for k in ("physical_tokens", "physical_positions") if k in raw}
+    logprobs = None
+    if "logprobs" in raw:
+        written = np.arange(gc.max_new_tokens)[None, :] < out_lengths[:, None]
+        logprobs = np.where(written, np.asarray(raw["logprobs"], np.float32), np.float32(0))
     return GenerationOutput(tokens=np.asarray(raw["tokens"], np.int32), lengths=out_lengths,
-                            num_forward_passes=nfe, tokens_per_forward=tpf, stats=stats)
+                            num_forward_passes=nfe, tokens_per_forward=tpf, stats=stats, logprobs=logprobs)

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..nn import kv_cache, masks
 from ..nn import model as model_lib
-from . import ar
+from . import decoding
 from .config import GenerationConfig
 from .decoder import Decoder
 
@@ -77,14 +77,14 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
     kw = window_rows(gcfg)
     w = 2 * kw
     n_steps_max = max_steps(gcfg)
-    eos, pad = ar.special_ids(config, gcfg)
+    eos, pad = decoding.special_ids(config, gcfg)
     mask_id = config.mask_token_id
-    draw = ar.sampler(config, gcfg)
+    draw = decoding.sampler(config, gcfg)
     stop = eos is not None and gcfg.stop_at_eos
     k_plan, k_sample = jax.random.split(key)
     order, sizes, n_steps, n_diff = plan(k_plan, gcfg, b)
     starts = jnp.cumsum(sizes, axis=1) - sizes
-    _, cache = ar.prefill(params, config, tokens, lengths, p + m, gcfg.kv_cache_dtype)
+    _, cache = decoding.prefill(params, config, tokens, lengths, p + m, gcfg.kv_cache_dtype)
     rows = jnp.arange(b)[:, None]
     offs = jnp.arange(m)[None, :]
     slot = jnp.arange(kw)[None, :]
@@ -92,7 +92,7 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
     state = dict(s=jnp.int32(0), cache=cache, gen=jnp.full((b, m), pad, jnp.int32),
                  decoded=jnp.zeros((b, m), bool), prev_off=jnp.full((b, kw), m, jnp.int32),
                  done=jnp.zeros((b,), bool), nfe=jnp.ones((b,), jnp.int32),
-                 presence=ar.initial_presence(tokens, lengths, config.vocab_size, gcfg))
+                 presence=decoding.initial_presence(tokens, lengths, config.vocab_size, gcfg))
     if debug:
         state["trace"] = dict(logits=jnp.zeros((n_steps_max, b, w, config.vocab_size), jnp.float32),
                               tokens=jnp.zeros((n_steps_max, b, w), jnp.int32),
@@ -129,7 +129,7 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
             first = jnp.where(hit.any(1), jnp.argmax(hit, axis=1), m)
             done = done | (decoded | (offs > first[:, None])).all(1)
         new = dict(s=s + 1, cache=cache, gen=gen, decoded=decoded, prev_off=mask_off, done=done,
-                   nfe=st["nfe"] + active, presence=ar.add_presence(st["presence"], new_tok, mask_valid))
+                   nfe=st["nfe"] + active, presence=decoding.add_presence(st["presence"], new_tok, mask_valid))
         if debug:
             tr = st["trace"]
             new["trace"] = dict(logits=tr["logits"].at[s].set(logits), tokens=tr["tokens"].at[s].set(win_tok),
@@ -138,7 +138,7 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
         return new
 
     st = jax.lax.while_loop(cond, body, state)
-    out, out_lengths = ar.finish(st["gen"], jnp.full((b,), m, jnp.int32), eos, gcfg, pad)
+    out, out_lengths = decoding.finish(st["gen"], jnp.full((b,), m, jnp.int32), eos, gcfg, pad)
     result = dict(tokens=out, lengths=out_lengths, num_forward_passes=st["nfe"], loop_passes=st["s"] + 1,
                   order=order, num_diffusion=n_diff)
     if debug:

@@ -123,6 +123,15 @@ def token_prob(logits: Array, tokens: Array, exclude_id: int | None = None) -> A
     return jnp.take_along_axis(p, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
 
 
+def token_logprob(logits: Array, tokens: Array, temperature: float = 1.0, exclude_id: int | None = None) -> Array:
+    """log softmax(logits / temperature)[token], float32 [...], the excluded token's mass 0: a token's
+    log-probability under the policy before top-k / top-p / repetition penalty (the sampler's
+    per-token log-probabilities, and a teacher-forced forward's)."""
+    z = exclude_token(logits.astype(jnp.float32), exclude_id) / temperature
+    logp = jax.nn.log_softmax(z, axis=-1)
+    return jnp.take_along_axis(logp, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
 def presence_from(tokens: Array, valid: Array, vocab: int) -> Array:
     """bool [B, V]: which ids occur among the valid entries of tokens [B, T]."""
     b = tokens.shape[0]

@@ -46,7 +46,7 @@ import numpy as np
 
 from ..nn import kv_cache, masks
 from ..nn import model as model_lib
-from . import ar, primitives
+from . import decoding, primitives
 from .config import GenerationConfig
 from .decoder import Decoder
 
@@ -94,11 +94,11 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
     ns = bs // S
     lc = p + g
     n_iter = max_iterations(gcfg)
-    eos, pad = ar.special_ids(config, gcfg)
+    eos, pad = decoding.special_ids(config, gcfg)
     mask_id = config.mask_token_id
-    draw = ar.sampler(config, gcfg)
+    draw = decoding.sampler(config, gcfg)
     greedy_cfg = gcfg.replace(temperature=0.0)
-    greedy = ar.sampler(config, greedy_cfg)
+    greedy = decoding.sampler(config, greedy_cfg)
     stop = eos is not None and gcfg.stop_at_eos
     dyn = dyn or {}
     tau_s = dyn.get("slot_threshold", gcfg.slot_threshold)
@@ -106,7 +106,7 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
     use_infill = jnp.asarray(dyn.get("ar_infill", gcfg.ar_infill), bool)
     use_first = jnp.asarray(dyn.get("ar_first_token", gcfg.ar_first_token), bool)
 
-    last_logits, cache = ar.prefill(params, config, tokens, lengths, lc, gcfg.kv_cache_dtype)
+    last_logits, cache = decoding.prefill(params, config, tokens, lengths, lc, gcfg.kv_cache_dtype)
     prompt_valid = jnp.arange(p)[None, :] < lengths[:, None]
     zeros_lc = jnp.full((b, lc), -1, jnp.int32)
     phys_tok = _append(zeros_lc, jnp.zeros((b,), jnp.int32), tokens, prompt_valid)
@@ -125,7 +125,7 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
                  tags=jnp.zeros((b, bs), bool), eos_flag=jnp.zeros((b,), bool),
                  gen=jnp.full((b, g), pad, jnp.int32), filled=jnp.zeros((b, g), bool),
                  nfe=jnp.ones((b,), jnp.int32), plans=jnp.zeros((b,), jnp.int32),
-                 presence=ar.initial_presence(tokens, lengths, config.vocab_size, gcfg))
+                 presence=decoding.initial_presence(tokens, lengths, config.vocab_size, gcfg))
     # ar_next[b, i]: the AR choice for output index i made by the row of index i − 1 (the last prompt
     # token for i = 0) when that row was committed; read by `ar_first_token`.
     first_choice = draw(jax.random.fold_in(key, n_iter), last_logits, state["presence"])
@@ -274,7 +274,7 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
         out_idx = jnp.where(commit, st["blk"][:, None] * bs + j, g)
         gen = st["gen"].at[rows, out_idx].set(new_draft, mode="drop")
         filled = st["filled"].at[rows, out_idx].set(True, mode="drop")
-        presence = ar.add_presence(st["presence"], new_draft, commit)
+        presence = decoding.add_presence(st["presence"], new_draft, commit)
         ar_next = st["ar_next"].at[rows, jnp.where(commit, out_idx + 1, g + 1)].set(choice, mode="drop")
 
         # ---- block end: next block, or stop (after EOS or the last block)

@@ -18,7 +18,9 @@ at logical position n−1):
    (temperature 0): accept iff c_j = argmax p_j; the correction/bonus is argmax p.
 4. Commit the verify pass's K/V of c0 … c_m; the correction/bonus is the next seed.
 So every cycle yields m+2 tokens for two forward passes, and the output distribution is the AR
-model's (the drafts only change how many tokens a cycle yields).
+model's (the drafts only change how many tokens a cycle yields). Each emitted token's AR logits are
+already at hand (the seed row for c0, verify row j − 1 for index j ≥ 1), so its log-probability under
+the AR policy (`decoding.logprobs_of`) costs no extra pass.
 
 Fixed shapes: every row runs every cycle; a row's acceptance m, its cache length and its output
 offset are per-row arrays; finished rows (EOS or budget) stop committing. The whole decode is one
@@ -44,7 +46,7 @@ from ..config import ConfigError, LoraConfig, ModelConfig
 from ..nn import kv_cache
 from ..nn import model as model_lib
 from ..nn.lora import check_lora, noise_tokens
-from . import ar, primitives
+from . import decoding, primitives
 from .config import GenerationConfig
 from .decoder import Decoder
 
@@ -143,6 +145,7 @@ def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array,
     `gcfg` gives max_new_tokens G, draft_length F, drafter, temperature/top-k/top-p/repetition
     penalty (applied identically to p and q, so the target is exactly the AR sampler's distribution),
     EOS. Returns {'tokens' [b, G] (pad after the end), 'lengths' [b] (first EOS included),
+    'logprobs' [b, G] (`decoding.logprobs_of` each token under the AR model, 0 after the end),
     'num_forward_passes' [b], 'loop_passes', 'row_cycles' [b], 'accepted_sum', 'accepted_at' [F],
     'reached_at' [F], 'cache', 'seed' [b], 'positions' [b]}; `summarize` derives the statistics.
     """
@@ -150,7 +153,7 @@ def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array,
     drafter = gcfg.drafter
     b, P = prompts.shape
     greedy = gcfg.temperature == 0
-    eos, pad = ar.special_ids(config, gcfg)
+    eos, pad = decoding.special_ids(config, gcfg)
     stop = eos is not None and gcfg.stop_at_eos
     prompts = prompts.astype(jnp.int32)
     lengths = lengths.astype(jnp.int32)
@@ -177,10 +180,11 @@ def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array,
     idx_o = jnp.arange(F + 1, dtype=jnp.int32)[None, :]
 
     state = dict(cache=cache, seed=seed, n=lengths, out=jnp.full((b, G), pad, jnp.int32),
+                 logprobs=jnp.zeros((b, G), jnp.float32),
                  g=jnp.zeros((b,), jnp.int32), done=jnp.zeros((b,), bool), cycle=jnp.int32(0),
                  row_cycles=jnp.zeros((b,), jnp.int32), accepted_sum=jnp.int32(0),
                  accepted_at=jnp.zeros((F,), jnp.int32), reached_at=jnp.zeros((F,), jnp.int32),
-                 presence=ar.initial_presence(prompts, lengths, config.vocab_size, gcfg))
+                 presence=decoding.initial_presence(prompts, lengths, config.vocab_size, gcfg))
 
     def cond(s):
         return jnp.any(~s["done"]) & (s["cycle"] < jnp.minimum(max_cycles, G))
@@ -217,7 +221,12 @@ def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array,
         count = jnp.minimum(count, G - s["g"])
         write = (idx_o < count[:, None]) & active[:, None]
         where = jnp.where(write, s["g"][:, None] + idx_o, G)
-        out = jax.vmap(lambda o, w, v: o.at[w].set(v, mode="drop"))(s["out"], where, new)
+        scatter = jax.vmap(lambda o, w, v: o.at[w].set(v, mode="drop"))
+        out = scatter(s["out"], where, new)
+        # Every emitted token comes from a base-weight row: c0 from the seed row of the draft pass, the
+        # accepted drafts and the correction/bonus from the verify rows (row j − 1 for index j).
+        ar_logits = jnp.concatenate([logits_d[:, :1], logits_v], axis=1)
+        logprobs = scatter(s["logprobs"], where, decoding.logprobs_of(config, gcfg, ar_logits, new))
         g = s["g"] + jnp.where(active, count, 0)
         done = s["done"] | (active & (hit | (g >= G)))
 
@@ -225,14 +234,15 @@ def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array,
         reached = (idx_f <= jnp.minimum(m + 1, F - 1)[:, None]) & active[:, None]  # c0 … c_{m+1} examined
         accepted = (idx_f <= m[:, None]) & active[:, None]
         return dict(cache=c, seed=jnp.where(active, nxt, s["seed"]), n=jnp.where(active, n + m + 2, n), out=out,
-                    g=g, done=done, cycle=s["cycle"] + 1, row_cycles=s["row_cycles"] + act,
+                    logprobs=logprobs, g=g, done=done, cycle=s["cycle"] + 1, row_cycles=s["row_cycles"] + act,
                     accepted_sum=s["accepted_sum"] + jnp.sum((m + 1) * act),
                     accepted_at=s["accepted_at"] + accepted.sum(0).astype(jnp.int32),
                     reached_at=s["reached_at"] + reached.sum(0).astype(jnp.int32),
-                    presence=ar.add_presence(s["presence"], new, write))
+                    presence=decoding.add_presence(s["presence"], new, write))
 
     s = jax.lax.while_loop(cond, body, state)
-    return {"tokens": s["out"], "lengths": s["g"], "num_forward_passes": 1 + 2 * s["row_cycles"],
+    return {"tokens": s["out"], "lengths": s["g"], "logprobs": s["logprobs"],
+            "num_forward_passes": 1 + 2 * s["row_cycles"],
             "loop_passes": 1 + 2 * s["cycle"], "row_cycles": s["row_cycles"], "accepted_sum": s["accepted_sum"],
             "accepted_at": s["accepted_at"], "reached_at": s["reached_at"], "cache": s["cache"],
             "seed": s["seed"], "positions": s["n"]}

@@ -1,0 +1,82 @@
+"""The pieces every decoding mode shares (SPEC §4): the special ids, the prefill pass, the sampler
+with the config's knobs, the repetition-penalty bookkeeping, the per-token log-probabilities and the
+output assembly. Each mode's loop (`ar`, `mdm`, `slotted`, `spec`) is built from them.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ..nn import kv_cache
+from ..nn import model as model_lib
+from . import primitives
+from .config import GenerationConfig
+
+Array = jax.Array
+
+
+def special_ids(config, gcfg: GenerationConfig) -> tuple[int | None, int]:
+    """(eos id or None, pad id): EOS from the generation config, else the model's; pad = model pad,
+    else EOS, else 0."""
+    eos = gcfg.eos_token_id if gcfg.eos_token_id is not None else config.eos_token_id
+    pad = config.pad_token_id if config.pad_token_id is not None else (eos if eos is not None else 0)
+    return eos, pad
+
+
+def prefill(params, config, tokens: Array, lengths: Array, cache_len: int, cache_dtype: str = "auto"
+            ) -> tuple[Array, dict]:
+    """One causal pass over the padded prompts [B, P]; commits the valid rows into a fresh cache of
+    `cache_len` rows (K/V in `cache_dtype`, see `kv_cache.init`). Returns (logits of each row's last
+    prompt token [B, V], cache)."""
+    b, p = tokens.shape
+    valid = jnp.arange(p)[None, :] < lengths[:, None]
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    # Causal within the valid rows (segment 1; padding 0): the training mask, so a fused kernel may serve it.
+    logits, kv = model_lib.apply(params, config, tokens, positions, segment_ids=valid.astype(jnp.int32))
+    cache = kv_cache.commit(kv_cache.init(config, b, cache_len, cache_dtype), kv, valid)
+    return logits[jnp.arange(b), lengths - 1], cache
+
+
+def initial_presence(tokens: Array, lengths: Array, vocab: int, gcfg: GenerationConfig) -> Array | None:
+    """Repetition-penalty bookkeeping bool [B, V] (None when the penalty is off)."""
+    if gcfg.repetition_penalty == 1.0:
+        return None
+    valid = jnp.arange(tokens.shape[1])[None, :] < lengths[:, None]
+    return primitives.presence_from(tokens, valid, vocab)
+
+
+def add_presence(presence: Array | None, tokens: Array, keep: Array) -> Array | None:
+    """Marks tokens [B, T] where keep [B, T]."""
+    if presence is None:
+        return None
+    return presence | primitives.presence_from(tokens, keep, presence.shape[-1])
+
+
+def sampler(config, gcfg: GenerationConfig):
+    """key, logits [..., V], presence → ids, with the config's knobs and the mask token banned."""
+
+    def draw(key, logits, presence):
+        if presence is not None and logits.ndim == 3:
+            presence = presence[:, None, :]
+        return primitives.sample(key, logits, gcfg.temperature, gcfg.top_k, gcfg.top_p,
+                                 gcfg.repetition_penalty, presence, config.mask_token_id)
+
+    return draw
+
+
+def logprobs_of(config, gcfg: GenerationConfig, logits: Array, tokens: Array) -> Array:
+    """float32 [...]: log p(token) under the AR policy the config samples from — softmax of the
+    logits [..., V] at the sampling temperature (1 when greedy) with the mask token banned, before
+    top-k / top-p / repetition penalty (`primitives.token_logprob`)."""
+    return primitives.token_logprob(logits, tokens, gcfg.temperature or 1.0, config.mask_token_id)
+
+
+def finish(out: Array, generated: Array, eos: int | None, gcfg: GenerationConfig, pad: int):
+    """lengths [B] = first EOS + 1 (when stopping at EOS) else `generated`; tokens after it → pad."""
+    g = out.shape[1]
+    idx = jnp.arange(g)[None, :]
+    lengths = generated
+    if eos is not None and gcfg.stop_at_eos:
+        is_eos = (out == eos) & (idx < generated[:, None])
+        lengths = jnp.where(is_eos.any(1), jnp.argmax(is_eos, axis=1) + 1, generated)
+    return jnp.where(idx < lengths[:, None], out, pad), lengths.astype(jnp.int32)
