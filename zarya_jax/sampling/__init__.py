@@ -3,7 +3,9 @@
 Modes: "ar" (autoregressive baseline), "mdm" (mode A, first-hitting MDM sampling, SPEC §5),
 "slotted" (mode B, ReFusion plan-and-infill, SPEC §6), "spec" (Ψ-Spec, SPEC §7). Each mode is a
 `decoder.Decoder` behind the one `generate()`; building blocks: `primitives` (sampling, §4), `decoding`
-(what the modes' loops share: prefill, sampler, output assembly), `prompts` (padding/bucketing), `passes` (one decode pass as its own program, the cache donated: benchmarks, plans). Depends on `zarya_jax.nn` and `zarya_jax.config` only (no optimizer, no data pipeline).
+(what the modes' loops share: prefill, sampler, log-probabilities, output assembly), `prompts`
+(padding/bucketing), `passes` (one decode pass as its own program, the cache donated: benchmarks,
+plans). Depends on `zarya_jax.nn` and `zarya_jax.config` only (no optimizer, no data pipeline).
 """
 from .config import GenerationConfig, GenerationOutput
 from .generate import generate
