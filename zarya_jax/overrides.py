@@ -129,7 +129,7 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
         if (isinstance(value, bool) or not isinstance(value, (int, float))
                 or (isinstance(value, float) and not math.isfinite(value)) or int(value) != value):
             raise ConfigError(f"{key}={value!r}: expected an integer")
-        check_bounds(key, int(value))
+        check_bounds(key, value, integer=True)  # before int(): 1e23 is refused as given, not as 99999…
         return int(value)
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
