@@ -24,7 +24,8 @@ where each mode's outputs first go wrong) to `summary.json` and `summary.md`.
 Everything is checked before any decoding: the flags, each mode's knobs (a knob the mode does not read,
 such as `ar.slot_size` or `ar.mode`, is an error), every record, the checkpoint against its checksums
 (`--no-verify` skips that), each mode against the model and the prompts, and that `--out` can be
-written. Exit status: 0 done, 2 bad input (one `error:` line, nothing written).
+written, and that it lands on none of the inputs. Exit status: 0 done, 2 bad input (one `error:` line,
+nothing written), 130 / 143 on Ctrl-C / SIGTERM (nothing written).
 """
 from __future__ import annotations
 

@@ -23,7 +23,8 @@ The run configuration is one typed tree (`experiments.pipeline.PipelineConfig`):
 Rerunning the same command is safe: an up-to-date workdir is left as it is (its report is printed), an
 interrupted one resumes, and one trained with another config is refused unless `--force`. Checkpoints
 are verified against their checksums (`--no-verify` skips that). Exit status: 0 done, 2 bad input (one
-`error:` line, nothing written), 3 training diverged, 130 interrupted (rerun to resume).
+`error:` line, nothing written), 3 training diverged, 128 + signal when interrupted (130 Ctrl-C, 143
+SIGTERM; rerun to resume). One run per workdir: a second one is refused while the first runs.
 """
 from __future__ import annotations
 
