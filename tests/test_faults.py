@@ -242,12 +242,15 @@ def test_racing_runs_on_a_stale_lock_take_it_once(tmp_path):
     dead = subprocess.Popen(["true"])
     dead.wait()
     (workdir / lock.LOCK_NAME).write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname()}))
-    race = ("import sys, time\nfrom zarya_jax import lock\ntime.sleep(float(sys.argv[2]) - time.time())\n"
+    race = ("import os, sys, time\nfrom zarya_jax import lock\nprint('ready', flush=True)\n"
+            "while not os.path.exists(sys.argv[2]):\n    time.sleep(0.001)\n"
             "try:\n    lock.acquire(sys.argv[1]); print('took', flush=True); time.sleep(3)\n"
             "except lock.WorkdirLocked:\n    print('refused')\n")
-    start = time.time() + 6
-    procs = [subprocess.Popen([sys.executable, "-c", race, str(workdir), str(start)], stdout=subprocess.PIPE,
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", race, str(workdir), str(go)], stdout=subprocess.PIPE,
                               text=True, env=_env()) for _ in range(4)]
+    assert [p.stdout.readline().strip() for p in procs] == ["ready"] * 4
+    go.touch()  # all at once
     results = sorted(p.communicate(timeout=120)[0].strip() for p in procs)
     assert results == ["refused"] * 3 + ["took"], results
 
