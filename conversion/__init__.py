@@ -15,7 +15,8 @@ from typing import Callable, Iterator
 from safetensors import SafetensorError
 
 from zarya_jax.config import ConfigError
-from zarya_jax.files import OutputPathError, atomic_directory, check_writable_dir
+from zarya_jax.files import OutputPathError, atomic_directory, check_output, check_writable_dir
+from zarya_jax.train.preemption import signals_interrupt
 from zarya_jax.nn.hf_params import ShapeError
 from zarya_jax.nn.integrity import CheckpointError
 
@@ -35,18 +36,25 @@ EXPECTED_ERRORS = (ConversionError, ConfigError, ShapeError, CheckpointError, Ou
 
 def run_cli(fn: Callable[[list[str] | None], object], argv: list[str] | None) -> int:
     """Runs `fn(argv)`; an expected error prints one line `error: ...` on stderr and returns 2 (bad
-    input, as every command of the project)."""
+    input, as every command of the project); a signal returns 128 + its number (SIGINT 130, SIGTERM 143),
+    after the staging directory is removed."""
     try:
-        fn(argv)
+        with signals_interrupt():
+            fn(argv)
     except EXPECTED_ERRORS as e:
         message = " ".join(str(e).split())  # one line, whatever the exception text looked like
         print(f"error: {message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:
+        print(f"interrupted: {' '.join(str(e).split()) or 'KeyboardInterrupt'}", file=sys.stderr)
+        return 128 + getattr(e, "signum", 2)
     return 0
 
 
-def check_new_output(out: str) -> str:
-    """Absolute output path; refuses one that exists (nothing is ever overwritten) or cannot be written."""
+def check_new_output(out: str, inputs: dict | None = None) -> str:
+    """Absolute output path; refuses one that exists (nothing is ever overwritten), that lies inside one
+    of the `inputs` ({flag: path}: the converter's source directories) or cannot be written."""
+    check_output(out, inputs or {}, "--out")
     out = os.path.abspath(out)
     if os.path.lexists(out):
         raise ConversionError(f"output path {out!r} already exists: choose a new path or remove it")

@@ -264,7 +264,7 @@ def convert(hf_dir: str, out: str, *, add_mask_token: bool = False, dtype: str |
     """Converts an HF Qwen3 directory into a checkpoint at `out` (which must not exist)."""
     if not os.path.isdir(hf_dir):
         raise ConversionError(f"--hf-dir {hf_dir!r} is not a directory")
-    out = check_new_output(out)
+    out = check_new_output(out, {"--hf-dir": hf_dir})
     hf = read_json(os.path.join(hf_dir, "config.json"), "model config")
     try:
         config, zarya = from_hf_dict(hf)

@@ -103,7 +103,7 @@ def export(ckpt: str, out: str, *, max_shard_size: int = 2 * 10**9, verify: bool
     its checksums unless `verify=False`)."""
     if not os.path.isdir(ckpt):
         raise ConversionError(f"--ckpt {ckpt!r} is not a directory")
-    out = check_new_output(out)
+    out = check_new_output(out, {"--ckpt": ckpt})
     try:
         params = StreamedParams(ckpt, verify)  # checks the side files first when verifying
         config = checkpoint.load_config(ckpt)

@@ -20,7 +20,7 @@ from . import peft
 
 def convert(adapter_dir: str, out: str, base_model: str | None = None) -> str:
     """Writes the PEFT directory `out` (which must not exist) from our adapter directory."""
-    out = check_new_output(out)
+    out = check_new_output(out, {"--adapter": adapter_dir, "--base-model": base_model})
     try:
         adapter, lora = lora_lib.load(adapter_dir)
     except (ConfigError, ValueError) as e:

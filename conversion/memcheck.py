@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -21,7 +22,10 @@ import numpy as np
 import safetensors.numpy
 
 from zarya_jax.config import ModelConfig, to_hf_dict
+from zarya_jax.files import check_output, check_writable_dir
 from zarya_jax.nn import hf_params
+
+from . import ConversionError, run_cli
 
 
 def config_of_size(size_bytes: float, itemsize: int) -> ModelConfig:
@@ -82,8 +86,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     parser.add_argument("--workdir", default=None, help="scratch directory (default: a new temp dir, removed)")
     args = parser.parse_args(argv)
-    if args.size_gb <= 0:
-        raise SystemExit(f"error: --size-gb {args.size_gb}: expected a positive size")
+    return run_cli(lambda _: _run(args), argv)
+
+
+def _run(args) -> int:
+    if not (args.size_gb > 0 and math.isfinite(args.size_gb)):
+        raise ConversionError(f"--size-gb={args.size_gb}: expected a positive, finite size in GB")
+    if args.workdir is not None:
+        check_output(args.workdir, {}, "--workdir", writes=())
+        check_writable_dir(args.workdir, "--workdir")
     work = tempfile.mkdtemp(prefix="zarya_memcheck.", dir=args.workdir)
     try:
         itemsize = np.dtype(args.dtype).itemsize

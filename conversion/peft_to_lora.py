@@ -22,7 +22,7 @@ from . import peft
 
 def convert(peft_dir: str, out: str, base: str | None = None, noise: str | None = None) -> str:
     """Writes our adapter directory `out` (which must not exist) from a PEFT adapter directory."""
-    out = check_new_output(out)
+    out = check_new_output(out, {"--peft": peft_dir, "--base": base})
     tensors, config, side_noise = peft.read(peft_dir)
     noise = noise or side_noise or "uniform"
     if noise not in LORA_NOISE:

@@ -1,20 +1,34 @@
 """How every experiment command ends: one place for exit statuses and error lines.
 
     0    done
+    1    a sweep finished with failed runs (each recorded in its run's error.txt; rerun to retry them)
     2    bad input: one line `error: …` on stderr naming the value and what was expected, nothing written.
          Every input error of the library is a ValueError (ConfigError, DataError, CheckpointError,
-         ShapeError, OutputPathError, SweepError, …); an OSError (unreadable file, full disk) counts too.
+         ShapeError, OutputPathError, WorkdirLocked, SweepError, …); an OSError (unreadable file, full
+         disk) counts too.
     3    the run diverged (`DivergenceError`: a non-finite or exploding step, a loss spike, a vanished
          gradient); the diverged step was not saved.
-    130  stopped by a signal after saving a checkpoint (`KeyboardInterrupt`); rerun to resume.
+    130  stopped by SIGINT (Ctrl-C)            } 128 + the signal's number; a training run saved a
+    143  stopped by SIGTERM (kill, preemption) } checkpoint first: rerun the same command to resume.
+
+Outputs are written atomically (`zarya_jax.files`), so a signal leaves either the previous file or the
+complete new one. `run` makes SIGINT and SIGTERM raise (Python's default ends the process on SIGTERM,
+leaving temporary files, and loses a Ctrl-C that lands in JAX's garbage-collector callback), and `main`
+ends an interrupted process without the interpreter teardown that crashed it with a segmentation fault
+(exit 139) while XLA's threads were still at work.
 """
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from typing import Callable
 
+from zarya_jax.config import ConfigError, check_bounds
+from zarya_jax.files import check_output
 from zarya_jax.train.divergence import DivergenceError
+from zarya_jax.train.preemption import signals_interrupt
 
 INPUT_ERRORS = (ValueError, OSError)
 
@@ -24,9 +38,10 @@ def one_line(e: BaseException) -> str:
 
 
 def run(body: Callable[[], int], resume_hint: str = "") -> int:
-    """`body()`'s exit status, or the status of the error that ended it (the table above)."""
+    """`body()`'s exit status, or the status of the error or signal that ended it (the table above)."""
     try:
-        return body()
+        with signals_interrupt():
+            return body()
     except DivergenceError as e:
         print(f"error: {one_line(e)}", file=sys.stderr)
         return 3
@@ -35,7 +50,43 @@ def run(body: Callable[[], int], resume_hint: str = "") -> int:
         return 2
     except KeyboardInterrupt as e:
         print(f"interrupted: {one_line(e)}{resume_hint}", file=sys.stderr)
-        return 130
+        return 128 + getattr(e, "signum", signal.SIGINT)
+
+
+def main(command: Callable[[], int]) -> None:
+    """A command's `if __name__ == "__main__"`: ends the process with `command()`'s status. After a signal
+    it skips interpreter teardown (flushing stdout and stderr first): tearing the interpreter down while
+    XLA's threads still compile or run crashes with a segmentation fault, and every output is already
+    complete or absent (the writes are atomic, training saved its checkpoint)."""
+    code = command()
+    if code > 128:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+    sys.exit(code)
+
+
+def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    """`parser.parse_args(argv)`, then every number flag checked against its range
+    (`zarya_jax.config.check_bounds`: finite floats, seeds uint32, step counts ≤ 10^9, other integers
+    int32); out of range is argparse's own error (one `error:` line naming the flag, exit 2)."""
+    args = parser.parse_args(argv)
+    for name, value in vars(args).items():
+        try:
+            check_bounds("--" + name.replace("_", "-"), value)
+        except ConfigError as e:
+            parser.error(str(e))
+    return args
+
+
+def check_workdir(workdir: str, inputs: dict, writes: tuple[str, ...] = ()) -> None:
+    """A run's workdir may hold its own inputs (the quickstart's data, a checkpoint to evaluate), but may
+    not be one, lie inside one, be a filesystem root, the home directory or the repository, nor contain
+    an input where it writes one of `writes` (`zarya_jax.files.check_output`)."""
+    check_output(workdir, inputs, "--workdir", writes=writes)
 
 
 def add_run_flags(p: argparse.ArgumentParser) -> None:

@@ -24,7 +24,8 @@ where each mode's outputs first go wrong) to `summary.json` and `summary.md`.
 Everything is checked before any decoding: the flags, each mode's knobs (a knob the mode does not read,
 such as `ar.slot_size` or `ar.mode`, is an error), every record, the checkpoint against its checksums
 (`--no-verify` skips that), each mode against the model and the prompts, and that `--out` can be
-written. Exit status: 0 done, 2 bad input (one `error:` line, nothing written).
+written, and that it lands on none of the inputs. Exit status: 0 done, 2 bad input (one `error:` line,
+nothing written), 130 / 143 on Ctrl-C / SIGTERM (nothing written).
 """
 from __future__ import annotations
 
@@ -42,10 +43,12 @@ from zarya_jax.eval.evaluate import (MODES, check_answer, check_mode_knobs, eval
                                      load_tokenizer_for, parse_knobs, parse_modes, prompt_format_for, summary_markdown,
                                      write_outputs)
 from zarya_jax.eval.tasks import read_jsonl
-from zarya_jax.files import check_writable_dir
+from zarya_jax.files import check_output, check_writable_dir
 from zarya_jax.provenance import provenance
 
 from . import cli
+
+OUTPUTS = ("summary.json", "summary.md", "predictions.jsonl")  # what `write_outputs` writes into --out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,7 +96,7 @@ def format_overrides(args) -> list[str]:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    args = cli.parse_args(build_parser(), argv)
     return cli.run(lambda: _run(args))
 
 
@@ -128,6 +131,8 @@ def _run(args) -> int:
     if not os.path.isdir(args.ckpt):
         raise ValueError(f"--ckpt {args.ckpt!r} is not a directory")
     out = args.out or os.path.join(args.ckpt.rstrip("/") + "_eval")
+    check_output(out, {"--ckpt": args.ckpt, "--data": args.data, "--lora": args.lora, "--tokenizer": args.tokenizer},
+                 "--out", writes=OUTPUTS)
     check_writable_dir(out, "--out")  # now, not after the decoding
     fmt = prompt_format_for(args.ckpt, format_overrides(args))
     records = read_jsonl(args.data, fmt)
@@ -158,4 +163,4 @@ def _run(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.main(main)

@@ -34,7 +34,7 @@ from zarya_jax.data.records import jsonl_lines
 from zarya_jax.data.render import render_prompt
 from zarya_jax.data.tokenizer import load_tokenizer
 from zarya_jax.eval.evaluate import prompt_format_for
-from zarya_jax.files import atomic_write_jsonl, check_writable_file
+from zarya_jax.files import atomic_write_jsonl, check_output, check_writable_file, input_file_problem
 from zarya_jax.sampling import GenerationConfig, generate
 from zarya_jax.sampling.config import MODES, ROUTING_FIELDS, check_knobs
 
@@ -71,8 +71,9 @@ def read_prompts(args, prompt_key: str = "prompt") -> list[str]:
         prompts = list(args.prompt)
     else:
         path = args.prompts_file
-        if not os.path.isfile(path):
-            raise ValueError(f"--prompts-file {path!r} does not exist")
+        why = input_file_problem(path)
+        if why:
+            raise ValueError(f"--prompts-file {path!r} {why}")
         prompts = []
         if path.endswith(".jsonl"):
             for n, rec in jsonl_lines(path):
@@ -84,8 +85,8 @@ def read_prompts(args, prompt_key: str = "prompt") -> list[str]:
         else:
             with open(path, "rb") as f:
                 for n, raw in enumerate(f, 1):
-                    try:
-                        line = raw.decode("utf-8").rstrip("\n")
+                    try:  # a UTF-8 byte-order mark (some editors write one) is not part of the first prompt
+                        line = raw.decode("utf-8-sig" if n == 1 else "utf-8").rstrip("\n")
                     except UnicodeDecodeError as e:
                         raise ValueError(f"{path}:{n}: not UTF-8 text (byte {e.start})") from None
                     if line.strip():
@@ -116,7 +117,7 @@ def generation_config(args) -> GenerationConfig:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    args = cli.parse_args(build_parser(), argv)
     return cli.run(lambda: _run(args))
 
 
@@ -132,6 +133,8 @@ def _run(args) -> int:
     if gc.resolved_mode == "spec" and gc.drafter == "lora" and args.lora is None:
         raise ValueError("--mode spec with drafter=lora needs --lora DIR (the drafter adapter)")
     if args.output:
+        check_output(args.output, {"--ckpt": args.ckpt, "--prompts-file": args.prompts_file, "--lora": args.lora,
+                                   "--tokenizer": args.tokenizer}, "--output")
         check_writable_file(args.output, "--output")
     params, config, tokenizer = load_model(args)
     prompts = [tokenizer.encode(render_prompt(t, tokenizer, fmt)) for t in texts]
@@ -168,4 +171,4 @@ def _run(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.main(main)

@@ -13,22 +13,45 @@ import sys
 
 from lm_eval.__main__ import cli_evaluate
 
+from zarya_jax.files import check_output
+
 import zarya_jax.eval.harness  # noqa: F401  (registers the `zarya` model with lm-eval)
+
+from . import cli
 
 
 def main(argv: list[str] | None = None) -> int:
     """Runs lm-eval's command line on `argv` (default: this process's arguments)."""
+    args = list(argv) if argv is not None else sys.argv[1:]
+    return cli.run(lambda: _run(args))
+
+
+def _run(args: list[str]) -> int:
+    """Bad model arguments, tasks or paths (ValueError, FileNotFoundError) become one `error:` line."""
+    check_output_path(args)
     saved = sys.argv
-    sys.argv = [saved[0]] + (list(argv) if argv is not None else saved[1:])
+    sys.argv = [saved[0]] + args
     try:
         cli_evaluate()
-    except (ValueError, FileNotFoundError) as e:  # bad model arguments, tasks or paths: one line, no traceback
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
     finally:
         sys.argv = saved
     return 0
 
 
+def check_output_path(args: list[str]) -> None:
+    """`--output_path` may not be, contain or sit inside the checkpoint of `--model_args ckpt=DIR`."""
+    def value(flag):
+        for i, a in enumerate(args):
+            if a == flag and i + 1 < len(args):
+                return args[i + 1]
+            if a.startswith(flag + "="):
+                return a.split("=", 1)[1]
+        return None
+    out, model_args = value("--output_path") or value("-o"), value("--model_args") or ""
+    ckpt = [kv.split("=", 1)[1] for kv in model_args.split(",") if kv.startswith("ckpt=")]
+    if out:
+        check_output(out, {"ckpt": ckpt}, "--output_path")
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.main(main)

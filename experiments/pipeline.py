@@ -50,6 +50,7 @@ from zarya_jax.train import drafter as drafter_run
 from zarya_jax.train.loop import train
 from zarya_jax.train.metrics import read_metrics
 from zarya_jax.train.optim import OptimConfig
+from zarya_jax.train.preemption import Interrupted
 
 from .plots import frontier_plot
 
@@ -166,7 +167,7 @@ def loss_curve(train_dir: str) -> list[tuple[int, float]]:
     return [(int(r["step"]), float(r["loss"])) for r in rows if "loss" in r and "step" in r]
 
 
-class TrainingInterrupted(KeyboardInterrupt):
+class TrainingInterrupted(Interrupted):
     """Training was stopped by a signal after saving a checkpoint (not a failure of the run)."""
 
 
@@ -182,7 +183,7 @@ def train_model(config: PipelineConfig, train_file: str, eval_file: str, workdir
         # A signal (SIGTERM/SIGINT) stopped training after a checkpoint: stop everything (a sweep
         # must not carry on with its next run), and let a rerun resume.
         raise TrainingInterrupted(f"training stopped by signal {summary.get('signal')} at step {summary['step']}; "
-                                  "rerun the same command to resume")
+                                  "rerun the same command to resume", summary.get("signal"))
     return summary
 
 
@@ -200,7 +201,8 @@ def train_lora_drafter(config: PipelineConfig, ckpt: str, train_file: str, workd
     out = os.path.join(workdir, "drafter")
     summary = drafter_run.train_drafter(cfg, ckpt, out, force=force)
     if summary["status"] != "completed":
-        raise TrainingInterrupted(f"drafter training stopped by signal {summary.get('signal')}; rerun to resume")
+        raise TrainingInterrupted(f"drafter training stopped by signal {summary.get('signal')}; rerun to resume",
+                                  summary.get("signal"))
     return lora_lib.load(os.path.join(out, "adapter"), verify=config.train.verify_checkpoints)
 
 

@@ -23,11 +23,13 @@ The run configuration is one typed tree (`experiments.pipeline.PipelineConfig`):
 Rerunning the same command is safe: an up-to-date workdir is left as it is (its report is printed), an
 interrupted one resumes, and one trained with another config is refused unless `--force`. Checkpoints
 are verified against their checksums (`--no-verify` skips that). Exit status: 0 done, 2 bad input (one
-`error:` line, nothing written), 3 training diverged, 130 interrupted (rerun to resume).
+`error:` line, nothing written), 3 training diverged, 128 + signal when interrupted (130 Ctrl-C, 143
+SIGTERM; rerun to resume). One run per workdir: a second one is refused while the first runs.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import sys
@@ -36,6 +38,7 @@ import time
 from zarya_jax import overrides
 from zarya_jax.eval import tasks
 from zarya_jax.eval.evaluate import parse_modes
+from zarya_jax.lock import workdir_lock
 from zarya_jax.train.hooks import OnStep, StepEvent
 
 from . import cli, pipeline
@@ -120,25 +123,40 @@ def config_from_args(args) -> pipeline.PipelineConfig:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    args = cli.parse_args(build_parser(), argv)
     return cli.run(lambda: _run(args))
 
 
 def _run(args) -> int:
     config = config_from_args(args)
     if args.minutes is not None:
-        if args.minutes <= 0:
-            raise ValueError(f"--minutes={args.minutes}: expected > 0")
+        if not (args.minutes > 0 and math.isfinite(args.minutes)):
+            raise ValueError(f"--minutes={args.minutes}: expected a finite number of minutes > 0")
         if args.steps is not None:
             raise ValueError("give --steps or --minutes, not both")
+    t, ev = config.task, config.eval
+    cli.check_workdir(args.workdir, {"eval.ckpt": ev.ckpt, "task.train_file": t.train_file,
+                                     "task.test_file": t.test_file, "task.val_file": t.val_file}, WRITES)
+    with workdir_lock(args.workdir, "experiments.quickstart"):
+        return _locked_run(args, config)
+
+
+# What the pipeline writes into --workdir besides train/ (which --ckpt, e.g. WORKDIR/train/final, skips).
+WRITES = ("data", "eval", "drafter", "calibration", "report.json", "report.md", "report.png")
+
+
+def _locked_run(args, config) -> int:
+    if args.minutes is not None:
         steps = calibrate_steps(config, pipeline.prepare_data(config, args.workdir)["train"], args.workdir,
                                 args.minutes)
         config = overrides.apply(config, {"train.steps": steps})
         print(f"--minutes {args.minutes}: {steps} steps fit on this machine", flush=True)
+    kept = pipeline.current_report(config, args.workdir) is not None
     report = pipeline.run_pipeline(config, args.workdir, progress=not args.no_progress, force=args.force)
     print(pipeline.report_markdown(report))
-    print(f"wrote {args.workdir}/report.json, report.md, report.png")
+    print(f"kept {args.workdir}/report.json, report.md, report.png (up to date with this config)" if kept
+          else f"wrote {args.workdir}/report.json, report.md, report.png")
     return 0
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.main(main)

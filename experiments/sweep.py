@@ -45,7 +45,8 @@ import traceback
 import yaml
 
 from zarya_jax import overrides
-from zarya_jax.files import atomic_write, atomic_write_json, check_writable_dir
+from zarya_jax.files import atomic_write, atomic_write_json, check_writable_dir, input_file_problem
+from zarya_jax.lock import LOCK_NAME, workdir_lock
 from zarya_jax.overrides import to_dict
 from zarya_jax.provenance import provenance
 
@@ -60,8 +61,9 @@ class SweepError(ValueError):
 
 
 def load_spec(path: str) -> dict:
-    if not os.path.isfile(path):
-        raise SweepError(f"sweep file {path!r} does not exist")
+    why = input_file_problem(path)
+    if why:
+        raise SweepError(f"sweep file {path!r} {why}")
     with open(path) as f:
         text = f.read()
     try:
@@ -286,7 +288,7 @@ def main(argv=None) -> int:
                    help="rerun finished runs whose config changed, and resume trainings whatever their config")
     p.add_argument("--no-verify", action="store_true",
                    help="read checkpoints without checking their checksums (train.verify_checkpoints=false)")
-    args = p.parse_args(argv)
+    args = cli.parse_args(p, argv)
     return cli.run(lambda: _run(args), "; rerun to resume (finished runs are skipped)")
 
 
@@ -301,12 +303,17 @@ def _run(args) -> int:
             typed = {k: overrides.get(run_configs[name], k) for k in {**ov, **extra}}
             print(f"{name}: {typed}")
         return 0
+    cli.check_workdir(workdir, {"sweep file": args.spec},
+                      ("sweep.json", "results.csv", "results.md", "results.png") + tuple(n for n, _ in expand(spec)))
     status = {"failed": []}
-    if not args.collect_only:
-        status = run_sweep(spec, workdir, host_index=args.host_index, num_hosts=args.num_hosts, extra_overrides=extra,
-                           force=args.force)
-    rows = collect(spec, workdir)
-    written = write_tables(rows, workdir, spec["name"])
+    # The hosts of a pod share the workdir (each runs its own share): one lock per host index.
+    lock_name = LOCK_NAME if args.num_hosts == 1 else f"{LOCK_NAME}.host-{args.host_index}"
+    with workdir_lock(workdir, "experiments.sweep", name=lock_name):
+        if not args.collect_only:
+            status = run_sweep(spec, workdir, host_index=args.host_index, num_hosts=args.num_hosts,
+                               extra_overrides=extra, force=args.force)
+        rows = collect(spec, workdir)
+        written = write_tables(rows, workdir, spec["name"])
     print(open(os.path.join(workdir, "results.md")).read())
     print("wrote " + ", ".join(written))
     if status["failed"]:
@@ -316,4 +323,4 @@ def _run(args) -> int:
     return 0
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.main(main)

@@ -8,7 +8,7 @@ import argparse
 import sys
 
 from zarya_jax.eval import tasks
-from zarya_jax.files import check_writable_dir
+from zarya_jax.files import check_output, check_writable_dir
 
 from . import cli
 
@@ -22,7 +22,7 @@ def main(argv=None) -> int:
     p.add_argument("--val", type=int, default=0, help="number of validation problems (val.jsonl; 0 = none)")
     p.add_argument("--difficulty", type=int, default=1, choices=sorted(tasks.DIFFICULTY))
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
+    args = cli.parse_args(p, argv)
     return cli.run(lambda: _run(args))
 
 
@@ -30,6 +30,7 @@ def _run(args) -> int:
     for flag in ("train", "test", "val"):
         if not 0 <= getattr(args, flag) <= tasks.MAX_PROBLEMS:
             raise ValueError(f"--{flag}={getattr(args, flag)}: expected 0 … {tasks.MAX_PROBLEMS}")
+    check_output(args.out, {}, "--out", writes=("train.jsonl", "test.jsonl", "val.jsonl"))
     check_writable_dir(args.out, "--out")
     paths = tasks.write_splits(args.out, args.train, args.test, args.seed, args.difficulty, args.val)
     print("\n".join(paths.values()))
@@ -37,4 +38,4 @@ def _run(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.main(main)

@@ -18,6 +18,7 @@ import json
 import sys
 
 from zarya_jax import overrides
+from zarya_jax.lock import workdir_lock
 from zarya_jax.train import config as rc
 from zarya_jax.train.loop import train
 
@@ -35,16 +36,20 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
+    args = cli.parse_args(parser(), argv)
     return cli.run(lambda: _run(args))
 
 
 def _run(args) -> int:
     overrides = cli.run_overrides(args) + ([f"train.init_from={args.init_from}"] if args.init_from else [])
-    summary = train(rc.load(args.config, overrides), args.workdir, force=args.force)
+    config = rc.load(args.config, overrides)
+    cli.check_workdir(args.workdir, {"data.train": config.data.train, "data.eval": config.data.eval,
+                                     "train.init_from": config.train.init_from})
+    with workdir_lock(args.workdir, "experiments.train"):
+        summary = train(config, args.workdir, force=args.force)
     print(json.dumps({k: v for k, v in summary.items() if k != "state"}, indent=2, default=str))
     return cli.run_status(summary)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.main(main)

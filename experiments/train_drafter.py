@@ -25,6 +25,7 @@ import json
 import sys
 
 from zarya_jax import overrides
+from zarya_jax.lock import workdir_lock
 from zarya_jax.train import config as rc
 from zarya_jax.train import drafter as drafter_run
 
@@ -43,16 +44,18 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
+    args = cli.parse_args(parser(), argv)
     return cli.run(lambda: _run(args))
 
 
 def _run(args) -> int:
     cfg = drafter_run.load_config(args.config, cli.run_overrides(args))
-    summary = drafter_run.train_drafter(cfg, args.base, args.workdir, force=args.force)
+    cli.check_workdir(args.workdir, {"--base": args.base, "data.train": cfg.data.train, "data.eval": cfg.data.eval})
+    with workdir_lock(args.workdir, "experiments.train_drafter"):
+        summary = drafter_run.train_drafter(cfg, args.base, args.workdir, force=args.force)
     print(json.dumps(summary, indent=2, default=str))
     return cli.run_status(summary)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.main(main)

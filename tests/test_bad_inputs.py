@@ -13,8 +13,8 @@ import pytest
 import yaml
 from safetensors.numpy import save_file
 
-from conversion import hf_to_jax, jax_to_hf
-from experiments import evaluate, generate, quickstart, sweep, tasks, train, train_drafter
+from conversion import hf_to_jax, jax_to_hf, lora_to_peft, memcheck, peft_to_lora
+from experiments import evaluate, generate, lm_eval, quickstart, sweep, tasks, train, train_drafter
 from experiments.bench import __main__ as bench
 from zarya_jax import checkpoint
 from zarya_jax.config import from_hf_dict
@@ -97,6 +97,17 @@ def s(tmp_path_factory, tiny_config, tiny_params):
     tensors["model.embed_tokens.weight"] = tensors["model.embed_tokens.weight"].astype(np.int32)
     save_file(tensors, str(root / "hf_int" / "model.safetensors"))
     p["hf_escape"], p["hf_int"] = str(root / "hf_escape"), str(root / "hf_int")
+    # inputs an output could land on: a prompts file, a data file named like evaluate's predictions
+    p["prompts"] = write("prompts.txt", "1+1=\n2+2=\n")
+    os.makedirs(root / "pred")
+    p["pred"], p["pred_data"] = str(root / "pred"), write("pred/predictions.jsonl", good)
+    os.makedirs(root / "datadir.jsonl")
+    p["datadir"] = str(root / "datadir.jsonl")
+    links = tmp_path_factory.mktemp("links")  # outside the snapshot: os.stat fails on a loop
+    os.symlink(links / "loop.jsonl", links / "loop.jsonl")
+    p["loop"] = str(links / "loop.jsonl")
+    p["home"] = os.path.realpath(os.path.expanduser("~"))
+    p["repo"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return p
 
 
@@ -155,7 +166,7 @@ CASES = [
     ("generate/knob-for-other-mode", generate, "--ckpt {ckpt} --prompt hi --mode ar --set slot_size=4",
      "not read by mode 'ar'"),
     ("generate/no-mask", generate, "--ckpt {nomask} --prompt hi --mode mdm", "needs a mask token"),
-    ("generate/output-dir", generate, "--ckpt {ckpt} --prompt hi --output {root}", "is a directory"),
+    ("generate/output-dir", generate, "--ckpt {ckpt} --prompt hi --output {badtok}", "is a directory"),
     ("generate/output-under-file", generate, "--ckpt {ckpt} --prompt hi --output {file}/o.jsonl", "not a directory"),
     ("generate/bad-lora", generate, "--ckpt {ckpt} --prompt hi --mode spec --lora {lora}", "not a safetensors file"),
     ("generate/spec-no-lora", generate, "--ckpt {ckpt} --prompt hi --mode spec", "needs --lora"),
@@ -255,6 +266,88 @@ CASES = [
     ("jax_to_hf/flipped", jax_to_hf, "--ckpt {flipped} --out {root}/h", "is damaged"),
     ("jax_to_hf/truncated", jax_to_hf, "--ckpt {truncated} --out {root}/h", "is damaged"),
     ("jax_to_hf/out-under-file", jax_to_hf, "--ckpt {ckpt} --out {file}/h", "is a file"),
+] + [
+    # ---- outputs that would land on an input, or on a folder that is never an output
+    ("generate/output-is-prompts", generate, "--ckpt {ckpt} --prompts-file {prompts} --output {prompts}",
+     "is the input --prompts-file"),
+    ("generate/output-in-ckpt", generate, "--ckpt {ckpt} --prompt hi --output {ckpt}/config.json",
+     "lies inside the input --ckpt"),
+    ("evaluate/out-is-ckpt", evaluate, "--ckpt {ckpt} --data {data} --modes ar --out {ckpt}", "is the input --ckpt"),
+    ("evaluate/out-in-ckpt", evaluate, "--ckpt {ckpt} --data {data} --modes ar --out {ckpt}/eval",
+     "lies inside the input --ckpt"),
+    ("evaluate/out-root", evaluate, "--ckpt {ckpt} --data {data} --modes ar --out /", "filesystem root"),
+    ("evaluate/out-home", evaluate, "--ckpt {ckpt} --data {data} --modes ar --out {home}", "home directory"),
+    ("evaluate/out-repo", evaluate, "--ckpt {ckpt} --data {data} --modes ar --out {repo}", "repository"),
+    ("evaluate/out-holds-data", evaluate, "--ckpt {ckpt} --data {pred_data} --modes ar --out {pred}",
+     "contains the input --data"),
+    ("evaluate/out-is-data", evaluate, "--ckpt {ckpt} --data {data} --modes ar --out {data}", "is the input --data"),
+    ("train/workdir-in-init", train, "--config tiny --workdir {ckpt}/run --set data.train={data} --init-from {ckpt}",
+     "lies inside the input train.init_from"),
+    ("train/workdir-root", train, "--config tiny --workdir / --set data.train={data}", "filesystem root"),
+    ("drafter/workdir-is-base", train_drafter, "--base {ckpt} --workdir {ckpt} --set data.train={data}",
+     "is the input --base"),
+    ("quickstart/workdir-in-ckpt", quickstart, "--smoke --workdir {ckpt}/q --ckpt {ckpt}",
+     "lies inside the input eval.ckpt"),
+    ("quickstart/workdir-repo", quickstart, "--smoke --workdir {repo}", "repository"),
+    ("sweep/workdir-home", sweep, "{sweep[ok]} --workdir {home}", "home directory"),
+    ("sweep/workdir-is-spec", sweep, "{sweep[ok]} --workdir {sweep[ok]}", "is the input sweep file"),
+    ("tasks/out-root", tasks, "--out / --train 2 --test 2", "filesystem root"),
+    ("bench/out-in-ckpt", bench, "--out {ckpt}/b generate --ckpt {ckpt} --no-hf", "lies inside the input --ckpt"),
+    ("hf_to_jax/out-in-hf-dir", hf_to_jax, "--hf-dir {hf_int} --out {hf_int}/c", "lies inside the input --hf-dir"),
+    ("jax_to_hf/out-in-ckpt", jax_to_hf, "--ckpt {ckpt} --out {ckpt}/hf", "lies inside the input --ckpt"),
+    ("lora_to_peft/out-in-adapter", lora_to_peft, "--adapter {badtok} --out {badtok}/peft",
+     "lies inside the input --adapter"),
+    ("peft_to_lora/out-in-peft", peft_to_lora, "--peft {badtok} --out {badtok}/lora", "lies inside the input --peft"),
+    ("memcheck/workdir-root", memcheck, "--workdir / --size-gb 0.001", "filesystem root"),
+    ("lm_eval/output-in-ckpt", lm_eval, "--model zarya --model_args ckpt={ckpt} --tasks none --output_path {ckpt}/r",
+     "lies inside the input ckpt"),
+    # ---- numbers out of range: seeds (uint32), step counts (≤ 10^9), int32, NaN and inf
+    ("generate/seed-huge", generate, "--ckpt {ckpt} --prompt hi --seed 99999999999999999999",
+     "--seed=99999999999999999999"),
+    ("generate/seed-negative", generate, "--ckpt {ckpt} --prompt hi --seed -1", "--seed=-1"),
+    ("generate/temperature-inf", generate, "--ckpt {ckpt} --prompt hi --set temperature=inf", "temperature=inf"),
+    ("evaluate/seed-huge", evaluate, "--ckpt {ckpt} --data {data} --modes ar --seed 4294967296 --out {root}/e",
+     "--seed=4294967296"),
+    ("evaluate/max-new-huge", evaluate, "--ckpt {ckpt} --data {data} --modes ar --max-new-tokens 3000000000 "
+     "--out {root}/e", "--max-new-tokens=3000000000"),
+    ("evaluate/knob-nan", evaluate, "--ckpt {ckpt} --data {data} --modes slotted --knob slotted.slot_threshold=nan "
+     "--out {root}/e", "slot_threshold=nan"),
+    ("quickstart/steps-huge", quickstart, "--smoke --workdir {root}/q --steps 2000000000", "--steps=2000000000"),
+    ("quickstart/set-steps-1e23", quickstart, "--smoke --workdir {root}/q --set train.steps=1e23", "steps=1e+23"),
+    ("quickstart/minutes-nan", quickstart, "--smoke --workdir {root}/q --minutes nan", "--minutes=nan"),
+    ("quickstart/minutes-inf", quickstart, "--smoke --workdir {root}/q --minutes inf", "--minutes=inf"),
+    ("quickstart/lr-nan", quickstart, "--smoke --workdir {root}/q --set optim.lr=nan", "lr=nan"),
+    ("quickstart/task-seed-huge", quickstart, "--smoke --workdir {root}/q --set task.seed=4294967296",
+     "seed=4294967296"),
+    ("train/lr-inf", train, "--config tiny --workdir {root}/w --set data.train={data} --set optim.lr=inf", "lr=inf"),
+    ("train/seed-huge", train, "--config tiny --workdir {root}/w --set data.train={data} --set train.seed=4294967296",
+     "seed=4294967296"),
+    ("train/steps-1e23", train, "--config tiny --workdir {root}/w --set data.train={data} --set train.steps=1e23",
+     "steps=1e+23"),
+    ("train/batch-int32", train, "--config tiny --workdir {root}/w --set data.train={data} "
+     "--set data.batch_size=1e12", "batch_size=1000000000000"),
+    ("drafter/alpha-nan", train_drafter, "--base {ckpt} --workdir {root}/w --set data.train={data} "
+     "--set lora.alpha=nan", "alpha=nan"),
+    ("sweep/set-nan", sweep, "{sweep[ok]} --dry-run --set zarya.alpha0=nan", "alpha0=nan"),
+    ("tasks/seed-huge", tasks, "--out {root}/t --train 2 --test 2 --seed 8589934592", "--seed=8589934592"),
+    ("bench/seed-negative", bench, "--out {root}/b forward --seed -5 --no-hf", "--seed=-5"),
+    ("memcheck/size-negative", memcheck, "--size-gb -1", "--size-gb=-1.0"),
+    ("memcheck/size-nan", memcheck, "--size-gb nan", "--size-gb=nan"),
+    # ---- duplicate decoding modes
+    ("evaluate/modes-twice", evaluate, "--ckpt {ckpt} --data {data} --modes ar,mdm,ar --out {root}/e",
+     "given more than once"),
+    ("quickstart/modes-twice", quickstart, "--smoke --workdir {root}/q --modes ar,ar", "given more than once"),
+    ("quickstart/set-modes-twice", quickstart, "--smoke --workdir {root}/q --set eval.modes=[ar,ar]",
+     "given more than once"),
+    # ---- an input path that is not a file
+    ("evaluate/data-directory", evaluate, "--ckpt {ckpt} --data {datadir} --modes ar --out {root}/e",
+     "is a directory"),
+    ("evaluate/data-link-loop", evaluate, "--ckpt {ckpt} --data {loop} --modes ar --out {root}/e",
+     "symbolic link loop"),
+    ("train/data-directory", train, "--config tiny --workdir {root}/w --set data.train={datadir}", "is a directory"),
+    ("train/data-link-loop", train, "--config tiny --workdir {root}/w --set data.train={loop}", "symbolic link loop"),
+    ("generate/prompts-directory", generate, "--ckpt {ckpt} --prompts-file {datadir}", "is a directory"),
+    ("sweep/spec-directory", sweep, "{datadir} --dry-run", "is a directory"),
 ]
 
 

@@ -149,15 +149,19 @@ def test_bad_flags_leave_no_output(tmp_path, capsys):
     assert not os.path.exists(os.path.join(out, "report.json"))
 
 
-def test_rerun_is_a_no_op_and_a_moved_workdir_resumes(smoke_run, tmp_path):
-    """The same command again changes nothing; the workdir moved elsewhere and evaluated in another way
-    reuses its training (fingerprinted data, recorded numbers: never nulls) and re-evaluates."""
+def test_rerun_is_a_no_op_and_a_moved_workdir_resumes(smoke_run, tmp_path, capsys):
+    """The same command again changes nothing (and says it kept the report); the workdir moved elsewhere
+    and evaluated in another way reuses its training (fingerprinted data, recorded numbers: never nulls)
+    and re-evaluates."""
     from test_bad_inputs import snapshot
 
     workdir, report, preds = smoke_run
     before = snapshot(workdir)
+    capsys.readouterr()
     assert quickstart.main(["--smoke", "--workdir", workdir, "--no-progress"]) == 0
     assert snapshot(workdir) == before
+    printed = capsys.readouterr().out
+    assert f"kept {workdir}/report.json" in printed and "wrote" not in printed
     moved = tmp_path / "moved"
     shutil.copytree(workdir, moved)
     metrics = open(moved / "train" / "metrics.jsonl").read()

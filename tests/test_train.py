@@ -221,8 +221,9 @@ def test_checkpoints_keep_latest_and_best(tmp_path):
     assert meta == {"step": 5} and np.asarray(state["w"]).tolist() == [5.0] * 3 and next(it2) == 5
 
 
-def test_init_from_checkpoint_and_final_export(tmp_path, tiny_config, tiny_params, data_file):
-    """--init-from loads a converted checkpoint; with lr=0 the exported final params are exactly it."""
+def test_init_from_checkpoint_and_final_export(tmp_path, tiny_config, tiny_params, data_file, capsys):
+    """--init-from loads a converted checkpoint; with lr=0 the exported final params are exactly it (and
+    the run warns, once, that nothing will change; and that it ends during warmup)."""
     from zarya_jax import checkpoint
 
     src = checkpoint.save(str(tmp_path / "init"), tiny_params, tiny_config)
@@ -232,6 +233,8 @@ def test_init_from_checkpoint_and_final_export(tmp_path, tiny_config, tiny_param
         "train.progress_bar": False, "train.init_from": src, "model.num_layers": 1})
     out = train(cfg, str(tmp_path / "run"))
     assert out["status"] == "completed" and out["final_params"]
+    err = capsys.readouterr().err
+    assert err.count("warning: optim.lr=0:") == 1 and err.count("the run ends during warmup") == 1, err
     params, config = checkpoint.load(out["final_params"])
     assert config.num_layers == tiny_config.num_layers  # structure from the checkpoint, not the config
     for a, b in zip(jax.tree.leaves(tiny_params), jax.tree.leaves(params)):

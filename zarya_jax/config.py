@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any
 
 import jax.numpy as jnp
@@ -24,6 +25,38 @@ RUNTIME_FIELDS = ("dtype", "remat", "remat_policy", "attention", "scan_unroll")
 
 class ConfigError(ValueError):
     """A config value is out of range or of the wrong kind."""
+
+
+# The range of every integer knob and flag, by its name (the last part of a dotted key): a seed is a
+# uint32 (`jax.random.PRNGKey` silently drops higher bits, and overflows past 64), a step count is in
+# 0 … MAX_STEPS (a run without end is a typo), anything else fits int32 (the arrays it sizes or
+# indexes). Each field's own check then says what is meaningful (e.g. train.steps ≥ 1).
+MAX_SEED = 2**32 - 1
+MAX_STEPS = 10**9
+MAX_INT = 2**31 - 1
+
+
+def int_range(name: str) -> tuple[int, int]:
+    leaf = name.lstrip("-").replace("-", "_").rsplit(".", 1)[-1]
+    if leaf == "seed" or leaf.endswith("_seed"):
+        return 0, MAX_SEED
+    if leaf == "steps" or leaf.endswith("_steps"):
+        return 0, MAX_STEPS
+    return -MAX_INT, MAX_INT
+
+
+def check_bounds(name: str, value: Any, integer: bool | None = None) -> None:
+    """Raises ConfigError naming `name` and `value` unless a number is in range: every float finite (NaN
+    and inf are never a setting), every integer (`integer`: whether the value is meant as one, default
+    its type) within `int_range(name)`; other values pass."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{name}={value}: expected a finite number")
+    if isinstance(value, int) if integer is None else integer:
+        low, high = int_range(name)
+        if not low <= value <= high:
+            raise ConfigError(f"{name}={value}: expected an integer in [{low}, {high}]")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,16 +6,27 @@ system and is atomic) and renames it into place only when it is complete; on any
 temporary file or directory is removed and the destination is left as it was.
 
 And no command should find out only after its compute that it cannot write its results:
-`check_writable_dir` / `check_writable_file` check an output location up front, without creating it.
+`check_writable_dir` / `check_writable_file` check an output location up front, without creating it,
+and `check_output` that it cannot destroy what the command reads: an output may not be, contain or sit
+inside one of the command's inputs, nor be a filesystem root, the home directory or this repository.
+`input_file_problem` says why a path given as an input file cannot be read as one.
+
+Files are created with the permissions the umask gives (`tempfile` makes them 0600; a shared sweep
+folder must stay readable to the group that shares it).
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
+import stat
 import tempfile
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator, Mapping
+
+# The repository this package was imported from (its pyproject.toml sits next to the package).
+_REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 
 
 class OutputPathError(ValueError):
@@ -57,6 +68,79 @@ def check_writable_file(path: str | os.PathLike, what: str = "output file") -> N
     check_writable_dir(os.path.dirname(path), f"{what} {path!r}: its folder")
 
 
+def _is_within(path: str, folder: str) -> bool:
+    """Whether real path `path` is `folder` or lies inside it."""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def _paths(value) -> list[str]:
+    if value is None or value == "":
+        return []
+    if isinstance(value, (str, os.PathLike)):
+        return [os.fspath(value)]
+    return [os.fspath(v) for v in value if v]
+
+
+def check_output(output: str | os.PathLike, inputs: Mapping[str, Any], what: str = "output", *,
+                 writes: Iterable[str] | None = None) -> None:
+    """Raises OutputPathError when writing `output` could destroy an input or a directory that is never
+    an output. `inputs`: {flag or key: a path, a list of paths, or None}. `writes`: None when the output
+    is one file or a directory written whole; else the names of the entries the command writes inside
+    the directory `output` (a run's workdir may hold its own data: only those entries are guarded).
+
+    Refused: a filesystem root, the home directory, this repository; an output that is an input or
+    lies inside one (a folder of a checkpoint); an input that the output contains — anywhere inside it
+    when it is written whole, else at or under one of the `writes` entries. Paths are compared after
+    resolving symbolic links. Creates nothing."""
+    out = os.path.realpath(os.fspath(output))
+    shown = os.fspath(output)
+    if os.path.dirname(out) == out:
+        raise OutputPathError(f"{what} {shown!r} is a filesystem root: expected a directory of its own")
+    if out == os.path.realpath(os.path.expanduser("~")):
+        raise OutputPathError(f"{what} {shown!r} is your home directory: expected a directory of its own")
+    if out == _REPO and os.path.isfile(os.path.join(_REPO, "pyproject.toml")):
+        raise OutputPathError(f"{what} {shown!r} is the zarya_jax repository {_REPO!r}: expected a directory "
+                              "of its own (e.g. runs/NAME)")
+    entries = None if writes is None else [os.path.join(out, w) for w in writes]
+    for key, value in inputs.items():
+        for given in filter(os.path.lexists, _paths(value)):  # a name that is no path (a hub id) guards nothing
+            source = os.path.realpath(given)
+            if out == source:
+                raise OutputPathError(f"{what} {shown!r} is the input {key} {given!r}: writing it would destroy "
+                                      "the input; choose another path")
+            if _is_within(out, source):
+                raise OutputPathError(f"{what} {shown!r} lies inside the input {key} {given!r}: choose a path "
+                                      "outside it")
+            if any(_is_within(source, e) for e in ([out] if entries is None else entries)):
+                raise OutputPathError(f"{what} {shown!r} contains the input {key} {given!r}, which writing it "
+                                      "would replace; choose another path")
+
+
+def input_file_problem(path: str | os.PathLike) -> str | None:
+    """None when `path` is a readable regular file (symbolic links followed); else why not, to follow
+    the path in a message: 'does not exist', 'is a directory, expected a file', 'is a symbolic link
+    loop', 'is not a regular file'."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "is a symbolic link loop"
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            return "does not exist"
+        return f"cannot be read ({e.strerror or e})"
+    if stat.S_ISDIR(mode):
+        return "is a directory, expected a file"
+    if not stat.S_ISREG(mode):
+        return "is not a regular file"
+    return None
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _parent(path: str | os.PathLike) -> str:
     directory = os.path.dirname(os.path.abspath(os.fspath(path)))
     os.makedirs(directory, exist_ok=True)
@@ -71,6 +155,7 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[str]:
     os.close(fd)
     try:
         yield tmp
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would hide the file from the group
         os.replace(tmp, os.fspath(path))
     except BaseException:
         if os.path.exists(tmp):
@@ -106,6 +191,7 @@ def atomic_directory(path: str | os.PathLike, *, overwrite: bool = False) -> Ite
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=_parent(path))
     try:
         yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700, as for files
         replace_directory(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -8,7 +8,8 @@ through this module:
 - `parse("a.b=1e-3")` splits a command-line item; values are YAML (`1e-3`, `true`, `[2,4,8]`; tuples
   also as `2,4,8`).
 - `coerce(key, value, type)` turns a parsed value into the field's type, or raises `ConfigError`
-  naming the key, the value and what was expected.
+  naming the key, the value and what was expected; numbers must be in range (`config.check_bounds`:
+  floats finite, integers within their name's range, seeds uint32, step counts ≤ 10^9).
 - `build(cls, mapping)` makes a dataclass from a nested mapping (a YAML file's sections);
   `apply(tree, overrides)` returns a copy of a tree with dotted overrides applied. An unknown key is an
   error that suggests the closest names (difflib), so a typo never runs the default silently.
@@ -29,13 +30,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import math
 import types
 import typing
 from typing import Any, Iterable, Mapping
 
 import yaml
 
-from .config import ConfigError
+from .config import ConfigError, check_bounds
 
 SPARSE = "__sparse_of__"  # attribute of a `sparse(cls)` dataclass: the class it overrides
 
@@ -124,12 +126,15 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
             return value.lower() in ("true", "1", "yes")
         raise ConfigError(f"{key}={value!r}: expected true or false")
     if tp is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or (isinstance(value, float) and not math.isfinite(value)) or int(value) != value):
             raise ConfigError(f"{key}={value!r}: expected an integer")
+        check_bounds(key, value, integer=True)  # before int(): 1e23 is refused as given, not as 99999…
         return int(value)
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}={value!r}: expected a number")
+        check_bounds(key, float(value))
         return float(value)
     if tp is str:
         if isinstance(value, (Mapping, list, tuple)):

@@ -2,6 +2,7 @@
 import sys
 
 from . import __doc__ as DOC
+from .. import cli
 from . import device, forward, generate, harness, plan, spec, train, transforms
 
 BENCHMARKS = {"forward": forward, "train": train, "generate": generate, "spec": spec, "transforms": transforms,
@@ -13,4 +14,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.main(main)

@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any, Callable
 
-from zarya_jax.files import atomic_write, atomic_write_json, check_writable_dir
+from zarya_jax.files import atomic_write, atomic_write_json, check_output, check_writable_dir
 
 from .. import cli
 
@@ -100,9 +100,11 @@ def main(benchmarks: dict, argv=None, description: str = "") -> int:
         sp = sub.add_parser(name, help=summary, description=module.__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(sp)
-    args = p.parse_args(argv)
+    args = cli.parse_args(p, argv)
 
     def body() -> int:
+        check_output(args.out, {"--ckpt": getattr(args, "ckpt", None)}, "--out",
+                     writes=(f"{args.command}.json", f"{args.command}.md"))
         check_writable_dir(args.out, "--out")
         results, md = benchmarks[args.command].run(args)
         write_results(args.out, args.command, results, md)

@@ -18,13 +18,13 @@ positions int32 [B, L] (logical, restarting at 0 in each example); answer_mask b
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Iterator, Sequence
 
 import grain
 import numpy as np
 
 from ..config import ConfigError, PromptFormat
+from ..files import input_file_problem
 from . import render
 from .records import valid_records
 
@@ -84,9 +84,9 @@ def read_records(paths: Sequence[str], on_malformed: str = "fail",
         raise DataError("no data files given (set data.train=PATH)")
     records, skipped = [], 0
     for path in paths:
-        if not os.path.isfile(path):
-            raise DataError(f"data file {path!r} does not exist (expected a JSONL file of prompt/answer "
-                            f"or messages records)")
+        why = input_file_problem(path)
+        if why:
+            raise DataError(f"data file {path!r} {why} (expected a JSONL file of prompt/answer or messages records)")
         if not path.endswith((".jsonl", ".json")):
             raise DataError(f"data file {path!r}: expected a .jsonl file")
         for line_no, value in valid_records(path, fmt):

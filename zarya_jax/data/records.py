@@ -1,7 +1,8 @@
 """Reading JSONL files, for every reader of data (training, evaluation, prompts files).
 
 `jsonl_lines` reads a file line by line as bytes, so a line that is not UTF-8 is one malformed line
-(named by file and line, skippable where the caller skips), not a crash of the whole read.
+(named by file and line, skippable where the caller skips), not a crash of the whole read; a UTF-8
+byte-order mark at the start of the file is dropped.
 `valid_records` adds what a valid record is (`{"prompt", "answer"}` under the prompt format's field names,
 or chat `messages`: `zarya_jax.data.render.parse`); each caller decides whether a bad line stops the read
 or is skipped.
@@ -19,8 +20,8 @@ def jsonl_lines(path: str) -> Iterator[tuple[int, Any]]:
     """(line number, parsed JSON value or the ValueError that line raised) for every non-blank line."""
     with open(path, "rb") as f:
         for line_no, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
+            try:  # a UTF-8 byte-order mark (some editors write one) is not part of the first record
+                line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
             except UnicodeDecodeError as e:
                 yield line_no, ValueError(f"not UTF-8 text (byte {e.start})")
                 continue

@@ -101,6 +101,9 @@ def parse_modes(text: str) -> list[str]:
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
         raise ConfigError(f"--modes {text!r}: unknown mode(s) {bad}; expected a comma-separated subset of {MODES}")
+    repeated = sorted({m for m in modes if modes.count(m) > 1})
+    if repeated:  # a mode twice would be evaluated twice and compared with itself
+        raise ConfigError(f"--modes {text!r}: mode(s) {repeated} given more than once; expected each mode once")
     return modes
 
 

@@ -18,7 +18,7 @@ import random
 
 from ..config import PromptFormat
 from ..data.records import valid_records
-from ..files import atomic_write_jsonl
+from ..files import atomic_write_jsonl, input_file_problem
 
 # Prompts are kept short on purpose: with the byte tokenizer every character is a token, and the
 # prompt is unsupervised compute, so terse problems make CPU training several times cheaper.
@@ -148,8 +148,9 @@ def read_jsonl(path: str, fmt: PromptFormat = PromptFormat(), *, need_answer: bo
     """Reads records valid under `fmt` (`zarya_jax.data.render.parse`: the prompt/answer fields, e.g.
     GSM8K's `question`/`answer` with `prompt_key="question"`, or chat `messages`); errors name the file and
     line (a line that is not UTF-8 or not JSON included). need_answer=False accepts prompt-only records."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"data file {path!r} does not exist")
+    why = input_file_problem(path)
+    if why:
+        raise FileNotFoundError(f"data file {path!r} {why}")
     records = []
     for i, record in valid_records(path, fmt, need_answer=need_answer):
         if isinstance(record, ValueError):

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from .. import overrides as ov
-from ..config import ConfigError, ModelConfig, ZaryaConfig, preset
+from ..config import MAX_STEPS, ConfigError, ModelConfig, ZaryaConfig, preset
 from ..data.pipeline import DataConfig
 from .divergence import DivergenceConfig
 from .optim import OptimConfig
@@ -56,8 +56,8 @@ class TrainConfig:
     divergence: DivergenceConfig = DivergenceConfig()  # when to stop a diverging run (train.divergence)
 
     def __post_init__(self):
-        if self.steps < 1:
-            raise ConfigError(f"train.steps={self.steps}: expected ≥ 1")
+        if not 1 <= self.steps <= MAX_STEPS:
+            raise ConfigError(f"train.steps={self.steps}: expected 1 … {MAX_STEPS}")
         for name in ("log_every", "eval_every", "save_every", "eval_batches", "keep", "keep_best"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name}={getattr(self, name)}: expected ≥ 0")
@@ -99,6 +99,19 @@ RESUMABLE_CHANGES = {
     "train.tracker_group", "train.tracker_run", "train.verify_checkpoints", "train.divergence",
     "data.read_threads", "data.prefetch",
 }
+
+
+def degenerate(run: RunConfig) -> list[str]:
+    """Settings that run but cannot train as meant, each as a warning (the loop prints them once): a zero
+    learning rate (the parameters never change; kept for runs that export their initial weights) and
+    a warmup longer than the run (the learning rate never reaches `optim.lr`)."""
+    out = []
+    if run.optim.lr == 0:
+        out.append("optim.lr=0: the parameters will not change during this run")
+    if run.optim.warmup_steps >= run.train.steps > 1:
+        out.append(f"optim.warmup_steps={run.optim.warmup_steps} ≥ train.steps={run.train.steps}: the run ends "
+                   f"during warmup, so the learning rate never reaches optim.lr={run.optim.lr}")
+    return out
 
 
 def knobs(cls: type = RunConfig) -> list[tuple[str, str, Any]]:

@@ -23,7 +23,7 @@ import functools
 import json
 import math
 import os
-import shutil
+import sys
 import time
 from typing import Any, Sequence
 
@@ -35,6 +35,7 @@ import optax
 from ..config import ConfigError, ModelConfig, PromptFormat
 from ..data import pipeline as data_lib
 from ..data.tokenizer import load_tokenizer
+from .. import lock as workdir_lock
 from ..files import atomic_write_json, check_writable_dir
 from ..nn import checkpoint as ckpt_lib
 from ..nn import model as model_lib
@@ -212,9 +213,11 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
     check_writable_dir(workdir, "--workdir")
     setup = _prepare(run, workdir, force, objective, identity_extra)
     run, objective, mesh = setup.run, setup.objective, setup.mesh
+    for warning in rc.degenerate(run) if jax.process_index() == 0 else ():
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     # ---- state: restore or initialise, straight onto the mesh. A failure here (a damaged or unfitting
     # checkpoint) leaves the workdir as it was: a workdir this call created is removed again.
-    created = not os.path.exists(workdir)
+    created = workdir_lock.is_new(workdir)
     os.makedirs(workdir, exist_ok=True)
     ckpt = None
     try:
@@ -239,7 +242,7 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
         if ckpt is not None:
             ckpt.close()
         if created and jax.process_index() == 0:
-            shutil.rmtree(workdir, ignore_errors=True)
+            workdir_lock.clear(workdir)
         raise
     start = int(state["step"])
     detector = DivergenceDetector(run.train.divergence, float(jax.jit(optax.tree.norm)(state["params"])))

@@ -15,11 +15,59 @@ together (Orbax saves are collective) and returns with status 'interrupted'.
 """
 from __future__ import annotations
 
+import _thread
+import contextlib
+import gc
 import signal
 import threading
+from typing import Iterator
 
 import jax
 from jax.experimental import multihost_utils
+
+
+class Interrupted(KeyboardInterrupt):
+    """A command stopped by signal `signum` (SIGINT: Ctrl-C, SIGTERM: a preemption notice or `kill`); its
+    exit status is 128 + signum (`experiments.cli`)."""
+
+    def __init__(self, message: str = "", signum: int = signal.SIGINT):
+        super().__init__(message)
+        self.signum = int(signum or signal.SIGINT)
+
+
+def _swallowed_here(frame) -> bool:
+    """Whether an exception raised in `frame` would be swallowed ("Exception ignored in …"): inside a
+    garbage-collector callback (JAX registers one, `_xla_gc_callback`) or a `__del__`."""
+    callbacks = {getattr(cb, "__code__", None) for cb in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _raise_interrupted(signum, frame):
+    if _swallowed_here(frame):  # raised here, Ctrl-C would be lost: deliver it again once out of there
+        threading.Timer(0.05, _thread.interrupt_main, (signum,)).start()
+        return
+    raise Interrupted(f"signal {signal.Signals(signum).name}", signum)
+
+
+@contextlib.contextmanager
+def signals_interrupt() -> Iterator[None]:
+    """For the block, in the main thread, SIGINT and SIGTERM raise `Interrupted` (Python's default ends
+    the process on SIGTERM, and its Ctrl-C is lost when it lands in a garbage-collector callback), so
+    that `finally` blocks and atomic writers clean up. (The training loop's `StopSignal` installs its
+    own handlers inside, and restores these.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
 
 
 class StopSignal:
