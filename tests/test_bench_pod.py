@@ -80,3 +80,12 @@ def test_plan_bad_input(tmp_path, capsys, argv, message):
     assert bench(["--out", str(tmp_path), "plan", "--presets", "tiny", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and not (tmp_path / "plan.json").exists()
+
+
+def test_out_after_the_subcommand(tmp_path):
+    """`--out` is accepted after the subcommand too, and wins there over one given before it."""
+    assert bench(["--out", str(tmp_path / "before"), "device", "--smoke", "--budget-s", "0",
+                  "--out", str(tmp_path / "after")]) == 0
+    assert _read(tmp_path / "after", "device")["skipped"] and not (tmp_path / "before").exists()
+    assert bench(["device", "--smoke", "--budget-s", "0", "--out", str(tmp_path / "only")]) == 0
+    assert (tmp_path / "only" / "device.md").exists()

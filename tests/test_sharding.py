@@ -5,6 +5,7 @@ gradient accumulation; losses and params must agree within float tolerance."""
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
@@ -64,6 +65,46 @@ def test_lora_paths_and_batch_spec():
     assert _norm(sh["layers"]["q_proj"]["b"].spec) == ()
     assert S.batch_sharding(mesh).spec == P(("data", "fsdp"), None)
     assert S.data_parallel_size(mesh) == 8
+
+
+def test_params_are_bare_arrays_and_every_one_is_declared(tiny_config):
+    """init_params strips the declarations (checkpoints and conversion see plain arrays); the declared
+    table covers exactly the params and adapter init creates, each name with a rule."""
+    from zarya_jax.config import LoraConfig
+    untied = tiny_config.replace(tie_word_embeddings=False)
+    params, adapter = init_params(untied, jax.random.PRNGKey(0), LoraConfig(rank=2))
+    paths = set()
+    for tree in (params, adapter):
+        for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+            assert isinstance(leaf, jax.Array), S.path_str(p)
+            paths.add(S.path_str(p))
+    declared = S.declared_axes()
+    assert set(declared) == paths
+    assert {a for axes in declared.values() for a in axes} <= set(S.RULES)
+
+
+def test_undeclared_parameter_raises_naming_its_path(tiny_params):
+    import flax.linen as nn
+    from zarya_jax.nn import partitioning
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            w = self.param("w", partitioning.declare(nn.initializers.ones, ("embed",)), (x.shape[-1],))
+            new = nn.Dense(3, use_bias=False, name="new_proj")(x)  # a kernel created without axes
+            return x * w, new
+
+    boxed = jax.eval_shape(Net().init, jax.random.PRNGKey(0), jnp.ones((2, 4)))["params"]
+    with pytest.raises(ConfigError, match="'new_proj/kernel' was created without logical axes"):
+        partitioning.declared(boxed)
+    mesh = S.make_mesh(S.MeshConfig(data=1, fsdp=8))
+    with pytest.raises(ConfigError, match="'new_proj/kernel' has no declared logical axes"):
+        S.tree_shardings({**tiny_params, "new_proj": {"kernel": np.zeros((64, 3))}}, mesh)
+    with pytest.raises(ConfigError, match="'layers/q_proj/kernel' has 2 dims"):
+        S.tree_shardings({"layers": {"q_proj": {"kernel": np.zeros((64, 3))}}}, mesh)
+    no_mlp = {k: v for k, v in S.RULES.items() if k != "mlp"}
+    with pytest.raises(ConfigError, match="param 'layers/(down|gate|up)_proj/kernel': logical axis 'mlp'"):
+        S.tree_shardings(tiny_params, mesh, no_mlp)
 
 
 def test_mesh_errors():

@@ -2,7 +2,7 @@
 helpers every benchmark uses, and the result files.
 
 A benchmark is a module with `add_arguments(parser)` and `run(args) -> (results dict, markdown)`;
-`main` parses `--out DIR` and the subcommand, runs it, writes `DIR/NAME.json` and `DIR/NAME.md`
+`main` parses `--out DIR` (before or after the subcommand) and the subcommand, runs it, writes `DIR/NAME.json` and `DIR/NAME.md`
 atomically and prints the Markdown. Bad options print one `error:` line and exit with status 2 (`--out`
 is checked writable before the benchmark runs).
 """
@@ -93,12 +93,15 @@ def main(benchmarks: dict, argv=None, description: str = "") -> int:
     """Runs the benchmark named by the first argument (`benchmarks`: name -> module)."""
     p = argparse.ArgumentParser(prog="python -m experiments.bench", description=description,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="runs/bench", help="directory for <name>.json and <name>.md")
+    out_help = "directory for <name>.json and <name>.md"
+    p.add_argument("--out", default="runs/bench", help=out_help)
     sub = p.add_subparsers(dest="command", required=True)
     for name, module in benchmarks.items():
         summary = (module.__doc__ or "").strip().splitlines()[0] if module.__doc__ else None
         sp = sub.add_parser(name, help=summary, description=module.__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
+        # after the subcommand too; SUPPRESS keeps a value given before it when this one is absent
+        sp.add_argument("--out", default=argparse.SUPPRESS, help=out_help)
         module.add_arguments(sp)
     args = cli.parse_args(p, argv)
 

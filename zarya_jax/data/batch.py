@@ -143,18 +143,6 @@ def make_batch_rows(examples, length: int, pad_id: int, num_rows: int, pack: boo
     return _fill(rows, length, pad_id), leftover
 
 
-def validate_batch(batch: dict) -> None:
-    """Checks keys, shapes and dtypes of a batch (host side, before jit); raises BatchError."""
-    missing = [k for k in KEYS if k not in batch]
-    if missing:
-        raise BatchError(f"batch is missing keys {missing}; expected {list(KEYS)}")
-    shape = np.shape(batch["tokens"])
-    if len(shape) != 2:
-        raise BatchError(f"batch['tokens'] has shape {shape}: expected [batch, length]")
-    for k in KEYS:
-        if np.shape(batch[k]) != shape:
-            raise BatchError(f"batch[{k!r}] has shape {np.shape(batch[k])}: expected {shape}")
-
 
 # ------------------------------------------------------------ per-row layout (JAX, inside jit/vmap)
 

@@ -5,7 +5,7 @@
 byte-order mark at the start of the file is dropped.
 `valid_records` adds what a valid record is (`{"prompt", "answer"}` under the prompt format's field names,
 or chat `messages`: `zarya_jax.data.render.parse`); each caller decides whether a bad line stops the read
-or is skipped.
+or is skipped; `read_jsonl` is the strict reader (a bad line stops it).
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import json
 from typing import Any, Iterator
 
 from ..config import PromptFormat
+from ..files import input_file_problem
 from . import render
 
 
@@ -44,3 +45,20 @@ def valid_records(path: str, fmt: PromptFormat = PromptFormat(), *, need_answer:
             except ValueError as e:
                 value = e
         yield line_no, value
+
+
+def read_jsonl(path: str, fmt: PromptFormat = PromptFormat(), *, need_answer: bool = True) -> list[dict]:
+    """Reads records valid under `fmt` (`zarya_jax.data.render.parse`: the prompt/answer fields, e.g.
+    GSM8K's `question`/`answer` with `prompt_key="question"`, or chat `messages`); errors name the file and
+    line (a line that is not UTF-8 or not JSON included). need_answer=False accepts prompt-only records."""
+    why = input_file_problem(path)
+    if why:
+        raise FileNotFoundError(f"data file {path!r} {why}")
+    records = []
+    for i, record in valid_records(path, fmt, need_answer=need_answer):
+        if isinstance(record, ValueError):
+            raise ValueError(f"{path}:{i}: {record}")
+        records.append(record)
+    if not records:
+        raise ValueError(f"data file {path!r} holds no records")
+    return records

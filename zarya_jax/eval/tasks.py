@@ -16,9 +16,8 @@ import dataclasses
 import os
 import random
 
-from ..config import PromptFormat
-from ..data.records import valid_records
-from ..files import atomic_write_jsonl, input_file_problem
+from ..data.records import read_jsonl  # noqa: F401 - its old home, still imported from here
+from ..files import atomic_write_jsonl
 
 # Prompts are kept short on purpose: with the byte tokenizer every character is a token, and the
 # prompt is unsupervised compute, so terse problems make CPU training several times cheaper.
@@ -142,23 +141,6 @@ def make_splits(num_train: int, num_test: int, seed: int = 0, difficulty: int | 
 def write_jsonl(path: str, records: list[dict]) -> None:
     """One record per line, written atomically."""
     atomic_write_jsonl(path, records)
-
-
-def read_jsonl(path: str, fmt: PromptFormat = PromptFormat(), *, need_answer: bool = True) -> list[dict]:
-    """Reads records valid under `fmt` (`zarya_jax.data.render.parse`: the prompt/answer fields, e.g.
-    GSM8K's `question`/`answer` with `prompt_key="question"`, or chat `messages`); errors name the file and
-    line (a line that is not UTF-8 or not JSON included). need_answer=False accepts prompt-only records."""
-    why = input_file_problem(path)
-    if why:
-        raise FileNotFoundError(f"data file {path!r} {why}")
-    records = []
-    for i, record in valid_records(path, fmt, need_answer=need_answer):
-        if isinstance(record, ValueError):
-            raise ValueError(f"{path}:{i}: {record}")
-        records.append(record)
-    if not records:
-        raise ValueError(f"data file {path!r} holds no records")
-    return records
 
 
 def write_splits(out_dir: str, num_train: int, num_test: int, seed: int = 0,

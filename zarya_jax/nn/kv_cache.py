@@ -53,9 +53,3 @@ def commit(cache: dict, window_kv: tuple[Array, Array], keep: Array) -> dict:
     return {"k": write(cache["k"], k_win), "v": write(cache["v"], v_win),
             "length": cache["length"] + keep.sum(axis=1).astype(jnp.int32)}
 
-
-def valid_mask(cache: dict, window: int) -> Array:
-    """bool [b, window, s]: every window row sees every committed cache row."""
-    s = max_len(cache)
-    valid = jnp.arange(s)[None, :] < cache["length"][:, None]
-    return jnp.broadcast_to(valid[:, None, :], (valid.shape[0], window, s))

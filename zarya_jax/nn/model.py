@@ -23,13 +23,15 @@ from __future__ import annotations
 from typing import Any
 
 import flax.linen as nn
+from flax.core import meta
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from ..config import LoraConfig, ModelConfig
 from . import attention
-from .partitioning import spec_for
+from . import partitioning
+from .partitioning import declare, spec_for
 
 Array = jax.Array
 _REMAT_POLICIES = {
@@ -64,19 +66,20 @@ class RMSNorm(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.param_dtype)
+        scale = self.param("scale", declare(nn.initializers.ones, ("norm",)), (x.shape[-1],), self.param_dtype)
         return rms_norm(x, scale, self.eps)
 
 
 class Proj(nn.Module):
     """A bias-free projection `x[..., in] -> [..., out]` with an optional gated LoRA adapter.
 
-    The kernel is `[*in_shape, *out_shape]`; the adapter is `a [in, r]`, `b [r, out]` (flattened),
-    with `b` zero-initialised so a fresh adapter is the identity.
+    The kernel is `[*in_shape, *out_shape]` with logical axes `axes` (one per dim); the adapter is
+    `a [in, r]`, `b [r, out]` (flattened), with `b` zero-initialised so a fresh adapter is the identity.
     """
 
     in_shape: tuple[int, ...]
     out_shape: tuple[int, ...]
+    axes: tuple[str, ...]
     dtype: Any
     param_dtype: Any
     lora: LoraConfig | None = None
@@ -84,8 +87,8 @@ class Proj(nn.Module):
     @nn.compact
     def __call__(self, x: Array, gate: Array | None) -> Array:
         n_in = len(self.in_shape)
-        kernel = self.param("kernel", nn.initializers.normal(0.02), self.in_shape + self.out_shape,
-                            self.param_dtype)
+        kernel = self.param("kernel", declare(nn.initializers.normal(0.02), self.axes),
+                            self.in_shape + self.out_shape, self.param_dtype)
         batch_letters = "abcde"[: x.ndim - n_in]
         in_letters = "ijkl"[:n_in]
         out_letters = "mnop"[: len(self.out_shape)]
@@ -99,9 +102,11 @@ class Proj(nn.Module):
         fan_out = 1
         for s in self.out_shape:
             fan_out *= s
-        a = self.variable("lora", "a", lambda: nn.initializers.normal(fan_in ** -0.5)(
-            self.make_rng("lora"), (fan_in, self.lora.rank), self.param_dtype)).value
-        b = self.variable("lora", "b", lambda: jnp.zeros((self.lora.rank, fan_out), self.param_dtype)).value
+        a_init = declare(nn.initializers.normal(fan_in ** -0.5), ("lora_in", "lora_rank"))
+        a = self.variable("lora", "a", lambda: a_init(self.make_rng("lora"), (fan_in, self.lora.rank),
+                                                      self.param_dtype)).value
+        b = self.variable("lora", "b", lambda: declare(nn.initializers.zeros, ("lora_rank", "lora_out"))(
+            None, (self.lora.rank, fan_out), self.param_dtype)).value
         x_flat = x.reshape(x.shape[: x.ndim - n_in] + (fan_in,)).astype(self.dtype)
         delta = (x_flat @ a.astype(self.dtype)) @ b.astype(self.dtype) * self.lora.scale
         delta = delta.reshape(y.shape).astype(y.dtype)
@@ -132,13 +137,13 @@ class Block(nn.Module):
         dt, pdt = c.jnp_dtype, c.jnp_param_dtype
         d, h, kvh, hd, f = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size
 
-        def proj(name, i, o):
-            return Proj(i, o, dt, pdt, self.lora, name=name)
+        def proj(name, i, o, axes):
+            return Proj(i, o, axes, dt, pdt, self.lora, name=name)
 
         y = RMSNorm(c.rms_norm_eps, pdt, name="input_norm")(x)
-        q = proj("q_proj", (d,), (h, hd))(y, gate)
-        k = proj("k_proj", (d,), (kvh, hd))(y, gate)
-        v = proj("v_proj", (d,), (kvh, hd))(y, gate)
+        q = proj("q_proj", (d,), (h, hd), ("embed", "heads", "head_dim"))(y, gate)
+        k = proj("k_proj", (d,), (kvh, hd), ("embed", "kv_heads", "head_dim"))(y, gate)
+        v = proj("v_proj", (d,), (kvh, hd), ("embed", "kv_heads", "head_dim"))(y, gate)
         q = checkpoint_name(rope(RMSNorm(c.rms_norm_eps, pdt, name="q_norm")(q), positions, c.rope_theta), "q")
         k = checkpoint_name(rope(RMSNorm(c.rms_norm_eps, pdt, name="k_norm")(k), positions, c.rope_theta), "k")
         v = checkpoint_name(v, "v")
@@ -149,10 +154,11 @@ class Block(nn.Module):
         else:
             attn = attention.cached(q, k, v, *layer_cache, cache_mask, window_mask)
         attn = checkpoint_name(attn, "attention")
-        x = x + proj("o_proj", (h, hd), (d,))(attn, gate)
+        x = x + proj("o_proj", (h, hd), (d,), ("heads", "head_dim", "embed"))(attn, gate)
         y = RMSNorm(c.rms_norm_eps, pdt, name="post_attn_norm")(x)
-        hidden = nn.silu(proj("gate_proj", (d,), (f,))(y, gate)) * proj("up_proj", (d,), (f,))(y, gate)
-        x = x + proj("down_proj", (f,), (d,))(hidden, gate)
+        hidden = (nn.silu(proj("gate_proj", (d,), (f,), ("embed", "mlp"))(y, gate))
+                  * proj("up_proj", (d,), (f,), ("embed", "mlp"))(y, gate))
+        x = x + proj("down_proj", (f,), (d,), ("mlp", "embed"))(hidden, gate)
         return x, (k, v)
 
 
@@ -195,8 +201,8 @@ class Qwen3(nn.Module):
                 valid = jnp.arange(s)[None, :] < cache["length"][:, None]
                 cache_mask = jnp.broadcast_to(valid[:, None, :], (b, t, s))
 
-        embed = self.param("embed", nn.initializers.normal(0.02), (c.vocab_size, c.hidden_size),
-                           c.jnp_param_dtype)
+        embed = self.param("embed", declare(nn.initializers.normal(0.02), ("vocab", "embed")),
+                           (c.vocab_size, c.hidden_size), c.jnp_param_dtype)
         x = jnp.take(embed, tokens, axis=0).astype(c.jnp_dtype)
 
         block = Block
@@ -204,6 +210,7 @@ class Qwen3(nn.Module):
             block = nn.remat(Block, prevent_cse=False, policy=_REMAT_POLICIES[c.remat_policy])
         scanned = nn.scan(block, variable_axes={"params": 0, "lora": 0},
                           split_rngs={"params": True, "lora": True},
+                          metadata_params={nn.PARTITION_NAME: "layers"},
                           in_axes=(0,) + (nn.broadcast,) * 5, length=c.num_layers, unroll=c.scan_unroll)
         x, window_kv = scanned(c, self.lora, name="layers")(x, layer_caches, positions, window_mask, segment_ids,
                                                            cache_mask, gate)
@@ -213,19 +220,33 @@ class Qwen3(nn.Module):
         if c.tie_word_embeddings:
             head = embed.T
         else:
-            head = self.param("lm_head", nn.initializers.normal(0.02), (c.hidden_size, c.vocab_size),
-                              c.jnp_param_dtype)
+            head = self.param("lm_head", declare(nn.initializers.normal(0.02), ("embed", "vocab")),
+                              (c.hidden_size, c.vocab_size), c.jnp_param_dtype)
         logits = jnp.einsum("btd,dv->btv", x, head.astype(c.jnp_dtype), preferred_element_type=jnp.float32)
         return logits, window_kv
 
 
-def init_params(config: ModelConfig, key: Array, lora: LoraConfig | None = None):
-    """Random params (and LoRA params when `lora` is given) with the shapes a checkpoint has."""
+def _init_boxed(config: ModelConfig, lora: LoraConfig | None, key: Array) -> dict:
+    """`Qwen3.init`'s variables, each parameter still boxed with its declared logical axes."""
     tokens = jnp.zeros((1, 2), jnp.int32)
     config = config.replace(attention="dense")  # the params do not depend on the kernel; 2 tokens suit any
     k1, k2 = jax.random.split(key)
+    return Qwen3(config, lora).init({"params": k1, "lora": k2}, tokens)
+
+
+def declared_axes(config: ModelConfig, lora: LoraConfig | None = None) -> dict[str, tuple[str | None, ...]]:
+    """{'path': logical axes} of every variable `init_params(config, key, lora)` creates (the 'params' and
+    'lora' paths are disjoint), as declared where each is created. Traced only: nothing is allocated.
+    Raises ConfigError naming a parameter created without a declaration."""
+    boxed = jax.eval_shape(lambda k: _init_boxed(config, lora, k), jax.random.PRNGKey(0))
+    return {path: axes for collection in boxed.values() for path, axes in partitioning.declared(collection).items()}
+
+
+def init_params(config: ModelConfig, key: Array, lora: LoraConfig | None = None):
+    """Random params (and LoRA params when `lora` is given) with the shapes a checkpoint has: bare arrays,
+    the axes declarations stripped."""
     # jit: an eager init of the scanned layers runs op by op and is many times slower.
-    variables = jax.jit(lambda r: Qwen3(config, lora).init(r, tokens))({"params": k1, "lora": k2})
+    variables = jax.jit(lambda k: meta.unbox(_init_boxed(config, lora, k)))(key)
     if lora is None:
         return variables["params"]
     return variables["params"], variables["lora"]

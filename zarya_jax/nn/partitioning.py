@@ -1,16 +1,25 @@
-"""The mesh axes and the one logical-axis rules table, shared by the model (its fused attention kernels
+"""The mesh axes, the one logical-axis rules table and the declaration of a parameter's logical axes,
+shared by the model (it declares each parameter's axes where it creates it; its fused attention kernels
 run per shard) and the trainer (`zarya_jax.train.sharding`: params, optimizer state, batches).
 
 One mesh with three named axes, `('data', 'fsdp', 'tensor')`; every array dim carries a *logical* axis
-name and `RULES` maps logical names to mesh axes. `spec_for` turns a shape and its logical axes into a
-`PartitionSpec` on a given mesh (a `Mesh` or an `AbstractMesh`).
+name and `RULES` maps logical names to mesh axes. A parameter is created boxed with its names
+(`declare(init, names)` around its initializer → an `Axes` box; `nn.scan` adds `layers` in front), and
+`declared` reads the boxes of an (abstract) init back as {path: names}, refusing a parameter created
+without them. `spec_for` turns a shape and its logical axes into a `PartitionSpec` on a given mesh (a
+`Mesh` or an `AbstractMesh`); a name without a rule is an error.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
+import jax
 import numpy as np
+from flax import struct
+from flax.core import meta
 from jax.sharding import PartitionSpec as P
+
+from ..config import ConfigError
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")  # the batch dim is split over both data-parallel axes
@@ -33,6 +42,77 @@ RULES: dict[str, Any] = {
 }
 
 
+
+
+class Axes(struct.PyTreeNode, meta.AxisMetadata):
+    """A parameter as created: its value and the logical axis name of each dim. Unboxing (Linen does it
+    when the module reads the parameter; `init_params` before returning) gives the bare value and adds
+    no sharding constraint: where a parameter lives is decided by `RULES` when the params are placed."""
+
+    value: Any
+    names: tuple[str | None, ...] = struct.field(pytree_node=False)
+
+    def unbox(self) -> Any:
+        return self.value
+
+    def replace_boxed(self, val: Any) -> "Axes":
+        return self.replace(value=val)
+
+    def add_axis(self, index: int, params: dict[Any, Any]) -> "Axes":
+        """`nn.scan` stacking layers: `metadata_params={PARTITION_NAME: name}` names the new dim."""
+        if meta.PARTITION_NAME not in params:
+            raise ConfigError(f"a transform added a dim to a parameter with axes {self.names} without naming it: "
+                              f"pass metadata_params={{nn.PARTITION_NAME: name}}")
+        names = list(self.names)
+        names.insert(index, params[meta.PARTITION_NAME])
+        return self.replace(names=tuple(names))
+
+    def remove_axis(self, index: int, params: dict[Any, Any]) -> "Axes":
+        names = list(self.names)
+        names.pop(index)
+        return self.replace(names=tuple(names))
+
+
+def declare(init: Callable, names: Sequence[str | None]) -> Callable:
+    """The initializer `init(key, shape, dtype)` with its result boxed as `Axes(value, names)`: one name
+    per dim of the shape, next to the shape where the parameter is created."""
+    names = tuple(names)
+
+    def boxed(key, shape, dtype=None):
+        if len(shape) != len(names):
+            raise ConfigError(f"a parameter of shape {tuple(shape)} was declared with logical axes {names}: "
+                              "expected one name per dim")
+        return Axes(init(key, shape) if dtype is None else init(key, shape, dtype), names)
+
+    return boxed
+
+
+def path_str(path) -> str:
+    """A pytree key path as 'a/b/c'."""
+    parts = []
+    for k in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(k, attr):
+                parts.append(str(getattr(k, attr)))
+                break
+        else:
+            parts.append(str(k))
+    return "/".join(parts)
+
+
+def declared(variables) -> dict[str, tuple[str | None, ...]]:
+    """{'a/b/c': logical axes} for every leaf of one boxed variable collection (e.g. the 'params' of an
+    abstract `init`). Raises ConfigError naming a parameter created without a declaration."""
+    out = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(variables, is_leaf=lambda x: isinstance(x, Axes))[0]:
+        name = path_str(path)
+        if not isinstance(leaf, Axes):
+            raise ConfigError(f"parameter {name!r} was created without logical axes: create it with "
+                              "zarya_jax.nn.partitioning.declare(init, names), one name per dim")
+        out[name] = leaf.names
+    return out
+
+
 def _mesh_size(mesh, axes) -> int:
     if axes is None:
         return 1
@@ -40,13 +120,19 @@ def _mesh_size(mesh, axes) -> int:
     return int(np.prod([mesh.shape[a] for a in axes]))
 
 
-def spec_for(shape: Sequence[int], axes: Sequence[str | None], mesh, rules: dict[str, Any] = RULES) -> P:
+def spec_for(shape: Sequence[int], axes: Sequence[str | None], mesh, rules: dict[str, Any] = RULES,
+             what: str = "an array") -> P:
     """PartitionSpec for an array of `shape` with logical `axes`; indivisible dims stay replicated,
-    mesh axes the mesh lacks are skipped, and a mesh axis is used at most once per array."""
+    mesh axes the mesh lacks are skipped, and a mesh axis is used at most once per array. A logical name
+    without a rule raises ConfigError naming `what` (e.g. the parameter's path)."""
+    unknown = [name for name in axes if name is not None and name not in rules]
+    if unknown:
+        raise ConfigError(f"{what}: logical axis {unknown[0]!r} (of {tuple(axes)}) has no rule; expected one of "
+                          f"{sorted(rules)} or a rule for it in zarya_jax.nn.partitioning.RULES")
     used: set[str] = set()
     out = []
     for size, name in zip(shape, axes):
-        mesh_axes = rules.get(name) if name is not None else None
+        mesh_axes = rules[name] if name is not None else None
         flat = () if mesh_axes is None else ((mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes))
         flat = tuple(a for a in flat if a not in used and a in mesh.shape and mesh.shape[a] > 1)
         if not flat or size % _mesh_size(mesh, flat):

@@ -48,7 +48,6 @@ from ..nn import masks
 
 Array = jax.Array
 NUM_PATTERNS = 4
-PATTERNS = ("prefix_completion", "prefix_infill", "middle_infill", "random_spans")
 
 
 def draw_token_noise(key: Array, shape: tuple[int, int]) -> dict[str, Array]:

@@ -1,9 +1,10 @@
 """Inference (SPEC §4–§7): `generate(params, config, prompts, GenerationConfig(...), key)`.
 
-Modes: "ar" (autoregressive baseline), "mdm" (mode A, first-hitting MDM sampling, SPEC §5),
-"slotted" (mode B, ReFusion plan-and-infill, SPEC §6), "spec" (Ψ-Spec, SPEC §7). Each mode is a
-`decoder.Decoder` behind the one `generate()`; building blocks: `primitives` (sampling, §4), `decoding`
-(what the modes' loops share: prefill, sampler, log-probabilities, output assembly), `prompts`
+`generate` (the one entry point) validates and pads the prompts and runs one of the `decoder.Decoder`s,
+one per mode and module: `ar` (autoregressive baseline), `mdm` (mode A, first-hitting MDM sampling,
+SPEC §5), `slotted` (mode B, ReFusion plan-and-infill, SPEC §6), `spec` (Ψ-Spec, SPEC §7). `config` holds
+`GenerationConfig` and `GenerationOutput`; building blocks: `primitives` (sampling, §4), `decoding` (what
+the modes' loops share: prefill, sampler, log-probabilities, output assembly), `prompts`
 (padding/bucketing), `passes` (one decode pass as its own program, the cache donated: benchmarks,
 plans). Depends on `zarya_jax.nn` and `zarya_jax.config` only (no optimizer, no data pipeline).
 """

@@ -6,8 +6,8 @@ fetching the result and assembling the `GenerationOutput` — and a `Decoder` do
 
 - `run(params, tokens, lengths, key, *, config, gcfg, debug, dyn[, lora_params, lora])`: the decode
   itself, traced inside one `jax.jit` (`tokens` int32 [B, P] right-padded, `lengths` [B]; `dyn` the
-  knobs passed as traced scalars; the adapter only for a decoder that `uses_adapter`). Returns a dict
-  with at least `tokens` [B, G] (logical order, pad after the end), `lengths` [B],
+  knobs passed as traced scalars, a `slotted.Knobs`; the adapter only for a decoder that `uses_adapter`).
+  Returns a dict with at least `tokens` [B, G] (logical order, pad after the end), `lengths` [B],
   `num_forward_passes` [B] and `loop_passes`.
 - `stats(raw, gcfg, tokens, lengths, out_lengths) -> dict`: mode-specific statistics from the host copy
   of that dict (physical order, acceptance, …).

@@ -22,7 +22,7 @@ from .decoder import Decoder
 from .prompts import pad_prompts
 
 TRACE_COUNTS: collections.Counter = collections.Counter()
-DYNAMIC_FIELDS = ("slot_threshold", "token_threshold", "ar_infill", "ar_first_token")
+DYNAMIC_FIELDS = slotted.KNOBS  # the fields passed traced (`slotted.Knobs`), reset in the static key
 DECODERS: dict[str, Decoder] = {"ar": ar.DECODER, "ar_uncached": ar.UNCACHED, "mdm": mdm.DECODER,
                                 "slotted": slotted.DECODER, "spec": spec.DECODER}
 
@@ -69,8 +69,7 @@ def generate(params, config, prompts, generation_config: GenerationConfig, key, 
     adapter = decoder.uses_adapter and mode == "spec" and gc.drafter == "lora"
     _, pad = decoding.special_ids(config, gc)
     tokens, lengths = pad_prompts(prompts, gc.prompt_bucket, pad)
-    dyn = {f: jnp.asarray(getattr(gc, f), bool if isinstance(getattr(gc, f), bool) else jnp.float32)
-           for f in DYNAMIC_FIELDS}
+    dyn = slotted.Knobs.of(gc)
     static_gc = static_key(gc)  # the runtime fields are traced instead: no recompile per value
     raw = _JITTED[name](params, lora_params if adapter else None, jnp.asarray(tokens), jnp.asarray(lengths), key,
                         dyn, config=config, gcfg=static_gc, lora=lora if adapter else None, debug=debug)

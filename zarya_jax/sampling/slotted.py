@@ -37,12 +37,22 @@ is ReFusion's rule) hand the tokens that ReFusion takes from the MDM path unchec
 With both on and one slot per block (NB·S = G, so every slot directly follows committed text), every
 committed token is either AR's own choice or passed τt ≥ 0.5 (so it is AR's argmax): greedy mode B then
 equals AR token for token, and the MDM path only decides how many tokens a pass yields.
+
+The code has the shape of the description above: the loop carries a `State`; each pass builds its window
+(`window`), runs the model once, evaluates what every phase reads from the logits (`evaluate` → `Pass`),
+asks each phase function (`plan`, `verify`, `infill_draft`, `infill_verify`) for its `Update`, takes per
+row the update of that row's phase (`select`) and applies it (`apply_update`: commit, then block end). The
+traced knobs are one `Knobs` value, complete by construction.
 """
 from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
 from ..nn import kv_cache, masks
 from ..nn import model as model_lib
@@ -69,6 +79,129 @@ def max_iterations(gcfg: GenerationConfig) -> int:
     return nb * (bs // gcfg.slot_size) * (2 + 2 * gcfg.slot_size)
 
 
+@struct.dataclass
+class Knobs:
+    """Mode B's knobs passed as traced scalars, so that sweeping them reuses one compiled program:
+    τs, τt (float32) and the two AR corrections (bool). Every field is required, so a partial set cannot
+    be built; `Knobs.of(gcfg)` takes them from a generation config."""
+
+    slot_threshold: Array
+    token_threshold: Array
+    ar_infill: Array
+    ar_first_token: Array
+
+    @classmethod
+    def of(cls, gcfg: GenerationConfig) -> "Knobs":
+        return cls(slot_threshold=jnp.asarray(gcfg.slot_threshold, jnp.float32),
+                   token_threshold=jnp.asarray(gcfg.token_threshold, jnp.float32),
+                   ar_infill=jnp.asarray(gcfg.ar_infill, bool), ar_first_token=jnp.asarray(gcfg.ar_first_token, bool))
+
+
+KNOBS = tuple(f.name for f in dataclasses.fields(Knobs))  # the GenerationConfig fields that are traced
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """The static shape of one decode: G outputs in `nb` blocks of `bs` window rows, `ns` slots of `S` rows
+    per block; the special ids, and whether an accepted EOS stops a row."""
+
+    g: int
+    S: int
+    nb: int
+    bs: int
+    ns: int
+    mask_id: int
+    pad: int
+    eos: int | None
+    stop: bool
+
+    @classmethod
+    def of(cls, config, gcfg: GenerationConfig) -> "Layout":
+        nb, bs = block_layout(gcfg)
+        eos, pad = decoding.special_ids(config, gcfg)
+        return cls(g=gcfg.max_new_tokens, S=gcfg.slot_size, nb=nb, bs=bs, ns=bs // gcfg.slot_size,
+                   mask_id=config.mask_token_id, pad=pad, eos=eos, stop=eos is not None and gcfg.stop_at_eos)
+
+    @property
+    def j(self) -> Array:
+        """[1, bs]: window row = block offset."""
+        return jnp.arange(self.bs)[None, :]
+
+    @property
+    def row_slot(self) -> Array:
+        """[bs]: the slot of each window row."""
+        return jnp.arange(self.bs) // self.S
+
+    @property
+    def first_row(self) -> Array:
+        """bool [1, bs]: the first row of each slot."""
+        return (jnp.arange(self.bs) % self.S == 0)[None, :]
+
+    @property
+    def slot_start(self) -> Array:
+        """[1, ns]: each slot's first window row."""
+        return jnp.arange(self.ns)[None, :] * self.S
+
+
+@struct.dataclass
+class State:
+    """The loop's carry. Per row b: its `phase`, block `blk`, the block's `slots` [B, ns] (PENDING, CHOSEN,
+    COMMITTED, DEAD), the window's `draft` tokens and accepted `tags` [B, bs]; the committed text in the
+    cache, in physical order (`phys_tok`/`phys_pos` [B, P + G], −1 after) and in logical order (`gen`,
+    `filled` [B, G]); `ar_next` [B, G + 1] (the AR choice for output i made when output i − 1 was
+    committed, read by `ar_first_token`); counters; the debug `trace` (None without debug)."""
+
+    it: Array
+    cache: dict
+    phys_tok: Array
+    phys_pos: Array
+    phase: Array
+    blk: Array
+    slots: Array
+    draft: Array
+    tags: Array
+    eos_flag: Array
+    gen: Array
+    filled: Array
+    nfe: Array
+    plans: Array
+    presence: Array | None
+    ar_next: Array
+    trace: dict | None = None
+
+
+@struct.dataclass
+class Pass:
+    """What every phase reads from this pass's logits [B, bs, V]: the window rows of pending and chosen
+    slots; `sample`, a draw for every row (PLAN's drafts); `greedy`, the argmax (INFILL_DRAFT's redrafts);
+    `ar_ok`, whether each draft token's AR probability (from the previous row) exceeds τt; `choice`, the
+    AR row j's pick for the next position, and `row_choice`, the pick for row j (row j − 1's choice)."""
+
+    logits: Array
+    pending: Array
+    chosen: Array
+    sample: Array
+    greedy: Array
+    ar_ok: Array
+    choice: Array
+    row_choice: Array
+
+
+@struct.dataclass
+class Update:
+    """A phase's outcome for every row (a row takes the one of its own phase, `select`): new slots, draft
+    and tags; the window rows to commit with this pass's K/V; whether the row commits now, its next
+    phase, and the window offset of a committed EOS (bs if none)."""
+
+    slots: Array
+    draft: Array
+    tags: Array
+    commit: Array
+    committed: Array
+    next_phase: Array
+    eos_pos: Array
+
+
 def _slot_cumprod(x: Array, s: int) -> Array:
     """Prefix-AND within each slot of S consecutive rows. x bool [B, T] -> [B, T]."""
     b, t = x.shape
@@ -81,240 +214,268 @@ def _append(buf: Array, length: Array, values: Array, keep: Array) -> Array:
     return buf.at[jnp.arange(buf.shape[0])[:, None], idx].set(values, mode="drop")
 
 
-def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: GenerationConfig,
-        debug: bool = False, dyn: dict | None = None) -> dict:
-    """Mode B decode. tokens int32 [B, P] right-padded, lengths [B]. `dyn` may hold the thresholds as
-    traced scalars ({'slot_threshold', 'token_threshold', 'ar_infill', 'ar_first_token'}); otherwise gcfg's
-    values are used. Returns tokens [B, G] (logical),
-    lengths, num_forward_passes [B] (prefill included), loop_passes, physical_tokens/positions
-    [B, P + G] (the cache's rows in physical order, −1 after), plans [B]; with debug a per-pass trace."""
+def _shift_right(x: Array, fill) -> Array:
+    """x [B, T] moved one row right, `fill` in row 0."""
+    return jnp.concatenate([jnp.full((x.shape[0], 1), fill, x.dtype), x[:, :-1]], axis=1)
+
+
+def _stay(st: State, lay: Layout, next_phase: int, slots: Array | None = None, draft: Array | None = None
+          ) -> Update:
+    """An update that commits nothing."""
+    b = st.phase.shape[0]
+    return Update(slots=st.slots if slots is None else slots, draft=st.draft if draft is None else draft,
+                  tags=st.tags, commit=jnp.zeros_like(st.tags), committed=jnp.zeros((b,), bool),
+                  next_phase=jnp.full((b,), next_phase, jnp.int32), eos_pos=jnp.full((b,), lay.bs))
+
+
+# ------------------------------------------------------------------ one pass: window, model, evaluation
+
+def window(st: State, lay: Layout, lengths: Array) -> tuple[Array, Array, Array, Array]:
+    """Each row's window for its phase: (tokens, positions, valid [B, bs], attention mask [B, bs, bs]).
+    PLAN runs the pending slots as masks; VERIFY the chosen drafts; INFILL_DRAFT the chosen slots with
+    their unaccepted tokens masked, INFILL_VERIFY their drafts (both slot-local); DONE nothing."""
+    ph = st.phase[:, None]
+    slot_rows = st.slots[:, lay.row_slot]
+    valid = jnp.where(ph == PLAN, slot_rows == PENDING, jnp.where(ph == DONE, False, slot_rows == CHOSEN))
+    tokens = jnp.where(ph == PLAN, lay.mask_id, jnp.where((ph == INFILL_DRAFT) & ~st.tags, lay.mask_id, st.draft))
+    tokens = jnp.where(valid, tokens, lay.pad)
+    positions = (lengths + st.blk * lay.bs)[:, None] + lay.j
+    causal = masks.causal_with_padding(valid)
+    slot_local = masks.group_local(jnp.where(valid, lay.row_slot[None, :], -1))
+    local = (st.phase == INFILL_DRAFT) | (st.phase == INFILL_VERIFY)
+    return tokens, positions, valid, jnp.where(local[:, None, None], slot_local, causal)
+
+
+def evaluate(st: State, logits: Array, key: Array, knobs: Knobs, lay: Layout, draw: Callable,
+             greedy: Callable) -> Pass:
+    """The draws and AR checks of this pass (`Pass`); pass `it` draws from fold_in(key, it)."""
+    k_it = jax.random.fold_in(key, st.it)
+    slot_rows = st.slots[:, lay.row_slot]
+    ar_prob = jnp.concatenate([jnp.ones((logits.shape[0], 1)),
+                               primitives.token_prob(logits[:, :-1], st.draft[:, 1:], lay.mask_id)], axis=1)
+    choice = draw(jax.random.fold_in(k_it, 1), logits, st.presence)
+    return Pass(logits=logits, pending=slot_rows == PENDING, chosen=slot_rows == CHOSEN,
+                sample=draw(k_it, logits, st.presence), greedy=greedy(k_it, logits, st.presence),
+                ar_ok=ar_prob > knobs.token_threshold, choice=choice, row_choice=_shift_right(choice, 0))
+
+
+# ------------------------------------------------------------------ the phases
+
+def _correct(ps: Pass, lay: Layout, prefix: Array, tokens: Array, allowed=True) -> tuple[Array, Array, Array]:
+    """`ar_infill`: the first token after each chosen slot's accepted prefix (where `allowed`) becomes the
+    AR row's choice. Returns (tags, tokens, corrected rows)."""
+    prev = _shift_right(prefix, False) & ~lay.first_row
+    boundary = ps.chosen & ~prefix & prev & allowed
+    return prefix | boundary, jnp.where(boundary, ps.row_choice, tokens), boundary
+
+
+def _settle(st: State, ps: Pass, lay: Layout, tags: Array, tokens: Array, corrected: Array, otherwise: int
+            ) -> Update:
+    """Chosen slots whose tokens are all accepted (an accepted EOS completes its slot and kills the slots
+    after it) commit together, unless a token was corrected in this pass (its K/V is not this pass's);
+    a row that does not complete goes to `otherwise`."""
+    slots, eos_pos = st.slots, jnp.full((st.slots.shape[0],), lay.bs)
+    j = lay.j
+    if lay.stop:
+        hit = tags & (tokens == lay.eos)
+        eos_pos = jnp.where(hit.any(1), jnp.argmax(hit, axis=1), lay.bs)
+        slots = jnp.where((lay.slot_start > eos_pos[:, None]) & ((st.slots == CHOSEN) | (st.slots == PENDING)),
+                          DEAD, st.slots)
+        tags = tags | (ps.chosen & (lay.row_slot[None, :] == (eos_pos // lay.S)[:, None]))
+        tags = tags & (slots[:, lay.row_slot] == CHOSEN)
+    live = slots[:, lay.row_slot] == CHOSEN
+    complete = jnp.all(tags | ~live, axis=1) & ~jnp.any(corrected & live & (j <= eos_pos[:, None]), axis=1)
+    return Update(slots=jnp.where(complete[:, None] & (slots == CHOSEN), COMMITTED, slots), draft=tokens, tags=tags,
+                  commit=live & (j <= eos_pos[:, None]) & complete[:, None], committed=complete,
+                  next_phase=jnp.where(complete, PLAN, otherwise), eos_pos=jnp.where(complete, eos_pos, lay.bs))
+
+
+def plan(st: State, ps: Pass, knobs: Knobs, lay: Layout) -> Update:
+    """PLAN: draft every mask; choose the pending slots whose first-token confidence (its untempered
+    probability) exceeds τs, at least the most confident one. With `ar_first_token` a chosen slot right
+    after committed text starts with the AR choice made when that text was committed."""
+    rows = jnp.arange(st.slots.shape[0])[:, None]
+    conf = primitives.token_prob(ps.logits, ps.sample, lay.mask_id)[:, ::lay.S]          # [B, ns]
+    pend = st.slots == PENDING
+    pick = pend & (conf > knobs.slot_threshold)
+    best = jax.nn.one_hot(jnp.argmax(jnp.where(pend, conf, -1.0), axis=1), lay.ns, dtype=bool) & pend
+    pick = jnp.where(pick.any(1, keepdims=True), pick, best)
+    draft = jnp.where(ps.pending, ps.sample, st.draft)
+    first_out = st.blk[:, None] * lay.bs + lay.slot_start                                  # [B, ns]
+    follows = (first_out == 0) | st.filled[rows, jnp.maximum(first_out - 1, 0)]
+    fix = (pick & follows)[:, lay.row_slot] & lay.first_row & knobs.ar_first_token
+    draft = jnp.where(fix, st.ar_next[rows, first_out][:, lay.row_slot], draft)
+    return _stay(st, lay, VERIFY, slots=jnp.where(pick, CHOSEN, st.slots), draft=draft)
+
+
+def verify(st: State, ps: Pass, knobs: Knobs, lay: Layout) -> Update:
+    """VERIFY: a token passes if its AR probability exceeds τt (a slot's first token always passes); the
+    leading chosen slots that pass entirely commit (an accepted EOS cuts there) and the row plans again,
+    else the chosen slots go to infill with their passing prefixes."""
+    b, j = st.slots.shape[0], lay.j
+    passed = ps.chosen & (lay.first_row | ps.ar_ok)
+    first_fail = jnp.min(jnp.where(ps.chosen & ~passed, j, lay.bs), axis=1)
+    lead = (st.slots == CHOSEN) & (lay.slot_start + lay.S - 1 < first_fail[:, None])  # [B, ns]
+    commit = ps.chosen & lead[:, lay.row_slot]
+    eos_pos = jnp.full((b,), lay.bs)
+    if lay.stop:
+        hit = ps.chosen & (st.draft == lay.eos) & (j < first_fail[:, None])
+        eos_pos = jnp.where(hit.any(1), jnp.argmax(hit, axis=1), lay.bs)
+        commit = jnp.where((eos_pos < lay.bs)[:, None], ps.chosen & (j <= eos_pos[:, None]), commit)
+    commits = commit.any(1)
+    slots = jnp.where(commit.reshape(b, lay.ns, lay.S).any(axis=2), COMMITTED,
+                      jnp.where(st.slots == CHOSEN, PENDING, st.slots))
+    slots = jnp.where(lay.slot_start > eos_pos[:, None], DEAD, slots)
+    slots = jnp.where(commits[:, None], slots, st.slots)
+    tags = _slot_cumprod(passed, lay.S)
+    # `ar_infill` corrects only the first failure of the window: every row before it is accepted, so
+    # its AR row saw exactly the text it will follow (later slots saw unaccepted drafts before them)
+    c_tags, c_draft, _ = _correct(ps, lay, tags & ps.chosen, st.draft, j == first_fail[:, None])
+    return Update(slots=slots, draft=jnp.where(knobs.ar_infill, c_draft, st.draft),
+                  tags=jnp.where(knobs.ar_infill, c_tags, tags), commit=commit, committed=commits,
+                  next_phase=jnp.where(commits, PLAN, INFILL_DRAFT), eos_pos=eos_pos)
+
+
+def infill_draft(st: State, ps: Pass, knobs: Knobs, lay: Layout) -> Update:
+    """INFILL_DRAFT: a greedy MDM redraft of the chosen slots' not-yet-accepted tokens. With every chosen
+    token already settled (only after an `ar_infill` correction) the pass ran exactly the final tokens,
+    so it commits them instead."""
+    settled = jnp.all(st.tags | ~ps.chosen, axis=1)
+    done = _settle(st, ps, lay, st.tags, st.draft, jnp.zeros_like(st.tags), INFILL_VERIFY)
+    complete = done.committed & settled & knobs.ar_infill
+    return Update(slots=jnp.where(complete[:, None], done.slots, st.slots),
+                  draft=jnp.where(ps.chosen & ~st.tags, ps.greedy, st.draft), tags=st.tags,
+                  commit=done.commit & complete[:, None], committed=complete,
+                  next_phase=jnp.where(complete, PLAN, INFILL_VERIFY),
+                  eos_pos=jnp.where(complete, done.eos_pos, lay.bs))
+
+
+def infill_verify(st: State, ps: Pass, knobs: Knobs, lay: Layout) -> Update:
+    """INFILL_VERIFY: extend each chosen slot's accepted prefix by the tokens that pass τt; the token right
+    after it always passes (ReFusion) or, with `ar_infill`, becomes the AR row's choice. Complete rows
+    commit all chosen slots, the others redraft."""
+    a_tags, a_draft, a_fixed = _correct(ps, lay, _slot_cumprod(ps.chosen & (st.tags | ps.ar_ok), lay.S) & ps.chosen,
+                                        st.draft)
+    prev_tag = _shift_right(st.tags, True) | lay.first_row
+    r_tags = _slot_cumprod(ps.chosen & (st.tags | prev_tag | ps.ar_ok), lay.S) & ps.chosen
+    tags = jnp.where(knobs.ar_infill, a_tags, r_tags)
+    draft = jnp.where(knobs.ar_infill, a_draft, st.draft)
+    return _settle(st, ps, lay, tags, draft, a_fixed & knobs.ar_infill, INFILL_DRAFT)
+
+
+PHASES = (plan, verify, infill_draft, infill_verify)  # indexed by phase id; DONE rows stay as they are
+
+
+def select(phase: Array, updates: Sequence[Update], otherwise: Update) -> Update:
+    """Row b takes `updates[phase[b]]` (`otherwise` for a phase past them): the one per-row selection."""
+    out = otherwise
+    for p in reversed(range(len(updates))):
+        on = phase == p
+        out = jax.tree.map(lambda new, old: jnp.where(on.reshape(on.shape + (1,) * (new.ndim - 1)), new, old),
+                           updates[p], out)
+    return out
+
+
+def apply_update(st: State, u: Update, ps: Pass, kv, positions: Array, lay: Layout) -> State:
+    """Commits the update's rows (this pass's K/V, the tokens in physical and logical order), then ends
+    the block of a row with no pending slot left: the next block, or DONE after an EOS or the last block."""
+    rows = jnp.arange(st.phase.shape[0])[:, None]
+    length = st.cache["length"]
+    out_idx = jnp.where(u.commit, st.blk[:, None] * lay.bs + lay.j, lay.g)
+    eos_flag = st.eos_flag | (u.committed & (u.eos_pos < lay.bs))
+    block_over = (u.next_phase == PLAN) & ~jnp.any(u.slots == PENDING, axis=1)
+    finished = block_over & (eos_flag | (st.blk == lay.nb - 1))
+    advance = block_over & ~finished
+    return st.replace(
+        it=st.it + 1, cache=kv_cache.commit(st.cache, kv, u.commit),
+        phys_tok=_append(st.phys_tok, length, u.draft, u.commit),
+        phys_pos=_append(st.phys_pos, length, positions, u.commit),
+        gen=st.gen.at[rows, out_idx].set(u.draft, mode="drop"),
+        filled=st.filled.at[rows, out_idx].set(True, mode="drop"),
+        presence=decoding.add_presence(st.presence, u.draft, u.commit),
+        ar_next=st.ar_next.at[rows, jnp.where(u.commit, out_idx + 1, lay.g + 1)].set(ps.choice, mode="drop"),
+        phase=jnp.where(finished, DONE, u.next_phase), blk=st.blk + advance,
+        slots=jnp.where(advance[:, None], PENDING, u.slots), tags=jnp.where(advance[:, None], False, u.tags),
+        draft=u.draft, eos_flag=eos_flag, nfe=st.nfe + (st.phase != DONE), plans=st.plans + (st.phase == PLAN))
+
+
+# ------------------------------------------------------------------ the decoder
+
+def _init_state(tokens: Array, lengths: Array, cache: dict, first_choice: Array, presence, lay: Layout,
+                n_iter: int, vocab: int, debug: bool) -> State:
+    """The state after the prefill: the prompts committed, every row planning its first block."""
     b, p = tokens.shape
-    g, S = gcfg.max_new_tokens, gcfg.slot_size
-    nb, bs = block_layout(gcfg)
-    ns = bs // S
-    lc = p + g
-    n_iter = max_iterations(gcfg)
-    eos, pad = decoding.special_ids(config, gcfg)
-    mask_id = config.mask_token_id
-    draw = decoding.sampler(config, gcfg)
-    greedy_cfg = gcfg.replace(temperature=0.0)
-    greedy = decoding.sampler(config, greedy_cfg)
-    stop = eos is not None and gcfg.stop_at_eos
-    dyn = dyn or {}
-    tau_s = dyn.get("slot_threshold", gcfg.slot_threshold)
-    tau_t = dyn.get("token_threshold", gcfg.token_threshold)
-    use_infill = jnp.asarray(dyn.get("ar_infill", gcfg.ar_infill), bool)
-    use_first = jnp.asarray(dyn.get("ar_first_token", gcfg.ar_first_token), bool)
-
-    last_logits, cache = decoding.prefill(params, config, tokens, lengths, lc, gcfg.kv_cache_dtype)
     prompt_valid = jnp.arange(p)[None, :] < lengths[:, None]
-    zeros_lc = jnp.full((b, lc), -1, jnp.int32)
-    phys_tok = _append(zeros_lc, jnp.zeros((b,), jnp.int32), tokens, prompt_valid)
-    phys_pos = _append(zeros_lc, jnp.zeros((b,), jnp.int32),
-                       jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p)), prompt_valid)
-
-    j = jnp.arange(bs)[None, :]            # window row = block offset
-    row_slot = jnp.arange(bs) // S          # [bs]
-    first_row = (jnp.arange(bs) % S == 0)[None, :]
-    slot_start = jnp.arange(ns)[None, :] * S
-    rows = jnp.arange(b)[:, None]
-
-    state = dict(it=jnp.int32(0), cache=cache, phys_tok=phys_tok, phys_pos=phys_pos,
-                 phase=jnp.full((b,), PLAN, jnp.int32), blk=jnp.zeros((b,), jnp.int32),
-                 slots=jnp.full((b, ns), PENDING, jnp.int32), draft=jnp.full((b, bs), pad, jnp.int32),
-                 tags=jnp.zeros((b, bs), bool), eos_flag=jnp.zeros((b,), bool),
-                 gen=jnp.full((b, g), pad, jnp.int32), filled=jnp.zeros((b, g), bool),
-                 nfe=jnp.ones((b,), jnp.int32), plans=jnp.zeros((b,), jnp.int32),
-                 presence=decoding.initial_presence(tokens, lengths, config.vocab_size, gcfg))
-    # ar_next[b, i]: the AR choice for output index i made by the row of index i − 1 (the last prompt
-    # token for i = 0) when that row was committed; read by `ar_first_token`.
-    first_choice = draw(jax.random.fold_in(key, n_iter), last_logits, state["presence"])
-    state["ar_next"] = jnp.zeros((b, g + 1), jnp.int32).at[:, 0].set(first_choice)
+    empty = jnp.full((b, p + lay.g), -1, jnp.int32)
+    start = jnp.zeros((b,), jnp.int32)
+    trace = None
     if debug:
-        state["trace"] = dict(logits=jnp.zeros((n_iter, b, bs, config.vocab_size), jnp.float32),
-                              tokens=jnp.zeros((n_iter, b, bs), jnp.int32),
-                              positions=jnp.zeros((n_iter, b, bs), jnp.int32),
-                              valid=jnp.zeros((n_iter, b, bs), bool), phase=jnp.full((n_iter, b), DONE, jnp.int32),
-                              cache_len=jnp.zeros((n_iter, b), jnp.int32))
+        per_row = (n_iter, b, lay.bs)
+        trace = dict(logits=jnp.zeros(per_row + (vocab,), jnp.float32), tokens=jnp.zeros(per_row, jnp.int32),
+                     positions=jnp.zeros(per_row, jnp.int32), valid=jnp.zeros(per_row, bool),
+                     phase=jnp.full((n_iter, b), DONE, jnp.int32), cache_len=jnp.zeros((n_iter, b), jnp.int32))
+    return State(it=jnp.int32(0), cache=cache, phys_tok=_append(empty, start, tokens, prompt_valid),
+                 phys_pos=_append(empty, start, jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p)), prompt_valid),
+                 phase=jnp.full((b,), PLAN, jnp.int32), blk=jnp.zeros((b,), jnp.int32),
+                 slots=jnp.full((b, lay.ns), PENDING, jnp.int32), draft=jnp.full((b, lay.bs), lay.pad, jnp.int32),
+                 tags=jnp.zeros((b, lay.bs), bool), eos_flag=jnp.zeros((b,), bool),
+                 gen=jnp.full((b, lay.g), lay.pad, jnp.int32), filled=jnp.zeros((b, lay.g), bool),
+                 nfe=jnp.ones((b,), jnp.int32), plans=jnp.zeros((b,), jnp.int32), presence=presence,
+                 ar_next=jnp.zeros((b, lay.g + 1), jnp.int32).at[:, 0].set(first_choice), trace=trace)
 
-    def cond(st):
-        return (st["it"] < n_iter) & jnp.any(st["phase"] != DONE)
 
-    def body(st):
-        it, phase, slots, draft, tags = st["it"], st["phase"], st["slots"], st["draft"], st["tags"]
-        ph = phase[:, None]
-        slot_rows = slots[:, row_slot]                       # [B, bs]
-        pending_rows = slot_rows == PENDING
-        chosen_rows = slot_rows == CHOSEN
-        local = (phase == INFILL_DRAFT) | (phase == INFILL_VERIFY)
+def _record(trace: dict, it: Array, logits, tokens, positions, valid, phase, cache_len) -> dict:
+    """The debug trace with pass `it` written."""
+    new = dict(logits=logits, tokens=tokens, positions=positions, valid=valid, phase=phase, cache_len=cache_len)
+    return {k: trace[k].at[it].set(v) for k, v in new.items()}
 
-        # ---- the window of this pass, per row's phase
-        valid = jnp.where(ph == PLAN, pending_rows, jnp.where(ph == DONE, False, chosen_rows))
-        win_tok = jnp.where(ph == PLAN, mask_id, jnp.where((ph == INFILL_DRAFT) & ~tags, mask_id, draft))
-        win_tok = jnp.where(valid, win_tok, pad)
-        positions = (lengths + st["blk"] * bs)[:, None] + j
-        causal = masks.causal_with_padding(valid)
-        slot_local = masks.group_local(jnp.where(valid, row_slot[None, :], -1))
-        wmask = jnp.where(local[:, None, None], slot_local, causal)
-        logits, kv = model_lib.apply(params, config, win_tok, positions, window_mask=wmask, cache=st["cache"])
-        nfe = st["nfe"] + (phase != DONE)
 
-        # ---- PLAN: draft every mask, choose slots by first-token confidence
-        k_it = jax.random.fold_in(key, it)
-        plan_draft = draw(k_it, logits, st["presence"])
-        conf = primitives.token_prob(logits, plan_draft, mask_id)[:, ::S]          # [B, ns]
-        pend = slots == PENDING
-        pick = pend & (conf > tau_s)
-        best = jax.nn.one_hot(jnp.argmax(jnp.where(pend, conf, -1.0), axis=1), ns, dtype=bool) & pend
-        pick = jnp.where(pick.any(1, keepdims=True), pick, best)
-        plan_slots = jnp.where(pick, CHOSEN, slots)
-        plan_draft = jnp.where(pending_rows, plan_draft, draft)
-        first_out = st["blk"][:, None] * bs + slot_start                                     # [B, ns]
-        follows = (first_out == 0) | st["filled"][rows, jnp.maximum(first_out - 1, 0)]
-        fix = (pick & follows)[:, row_slot] & first_row & use_first
-        plan_draft = jnp.where(fix, st["ar_next"][rows, first_out][:, row_slot], plan_draft)
+def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: GenerationConfig,
+        dyn: Knobs, debug: bool = False) -> dict:
+    """Mode B decode. tokens int32 [B, P] right-padded, lengths [B]; `dyn` the traced knobs (`Knobs`,
+    every one given: gcfg's own values of them are not read). Returns tokens [B, G] (logical), lengths,
+    num_forward_passes [B] (prefill included), loop_passes, physical_tokens/positions [B, P + G] (the
+    cache's rows in physical order, −1 after), plans [B]; with debug a per-pass trace."""
+    if not isinstance(dyn, Knobs):
+        raise ValueError(f"dyn={type(dyn).__name__}: mode B expects its traced knobs as a slotted.Knobs with "
+                         f"every field ({', '.join(KNOBS)}); build it with Knobs.of(generation_config)")
+    lay = Layout.of(config, gcfg)
+    n_iter = max_iterations(gcfg)
+    draw = decoding.sampler(config, gcfg)
+    greedy = decoding.sampler(config, gcfg.replace(temperature=0.0))
 
-        # ---- AR probability of each drafted token from the previous row of its slot; the AR rows' own
-        # choices: choice[:, j] is row j's pick for the next position, row_choice[:, j] the pick for row j
-        ar_prob = jnp.concatenate([jnp.ones((b, 1)), primitives.token_prob(logits[:, :-1], draft[:, 1:], mask_id)],
-                                  axis=1)
-        ar_ok = ar_prob > tau_t
-        choice = draw(jax.random.fold_in(k_it, 1), logits, st["presence"])
-        row_choice = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), choice[:, :-1]], axis=1)
+    last_logits, cache = decoding.prefill(params, config, tokens, lengths, tokens.shape[1] + lay.g, gcfg.kv_cache_dtype)
+    presence = decoding.initial_presence(tokens, lengths, config.vocab_size, gcfg)
+    first_choice = draw(jax.random.fold_in(key, n_iter), last_logits, presence)
+    state = _init_state(tokens, lengths, cache, first_choice, presence, lay, n_iter, config.vocab_size, debug)
 
-        def correct(prefix, tokens, allowed=True):
-            """`ar_infill`: the first token after each chosen slot's accepted prefix (where `allowed`)
-            becomes row_choice. Returns (tags, tokens, corrected rows)."""
-            prev = jnp.concatenate([jnp.zeros((b, 1), bool), prefix[:, :-1]], axis=1) & ~first_row
-            boundary = chosen_rows & ~prefix & prev & allowed
-            return prefix | boundary, jnp.where(boundary, row_choice, tokens), boundary
+    def cond(st: State):
+        return (st.it < n_iter) & jnp.any(st.phase != DONE)
 
-        # ---- VERIFY: commit the passing leading chosen slots, else go to infill
-        passed = chosen_rows & (first_row | ar_ok)
-        first_fail = jnp.min(jnp.where(chosen_rows & ~passed, j, bs), axis=1)
-        lead = (slots == CHOSEN) & (slot_start + S - 1 < first_fail[:, None])   # [B, ns]
-        commit_v = chosen_rows & lead[:, row_slot]
-        v_eos_pos = jnp.full((b,), bs)
-        if stop:
-            v_eos = chosen_rows & (draft == eos) & (j < first_fail[:, None])
-            v_eos_pos = jnp.where(v_eos.any(1), jnp.argmax(v_eos, axis=1), bs)
-            commit_v = jnp.where((v_eos_pos < bs)[:, None], chosen_rows & (j <= v_eos_pos[:, None]), commit_v)
-        v_commits = commit_v.any(1)
-        v_slots_done = commit_v.reshape(b, ns, S).any(axis=2)
-        verify_slots = jnp.where(v_slots_done, COMMITTED, jnp.where(slots == CHOSEN, PENDING, slots))
-        verify_slots = jnp.where(slot_start > v_eos_pos[:, None], DEAD, verify_slots)
-        verify_slots = jnp.where(v_commits[:, None], verify_slots, slots)
-        verify_tags = _slot_cumprod(passed, S)
-        # `ar_infill` corrects only the first failure of the window: every row before it is accepted, so
-        # its AR row saw exactly the text it will follow (later slots saw unaccepted drafts before them)
-        c_tags, c_draft, _ = correct(verify_tags & chosen_rows, draft, j == first_fail[:, None])
-        verify_tags = jnp.where(use_infill, c_tags, verify_tags)
-        verify_draft = jnp.where(use_infill, c_draft, draft)
-
-        # ---- INFILL_DRAFT: greedy redraft of the not-yet-accepted tokens
-        infill_draft = jnp.where(chosen_rows & ~tags, greedy(k_it, logits, st["presence"]), draft)
-
-        # ---- INFILL_VERIFY: extend each slot's accepted prefix (the next token always passes, or with
-        # `ar_infill` becomes the AR row's choice)
-        a_tags, a_draft, a_fixed = correct(_slot_cumprod(chosen_rows & (tags | ar_ok), S) & chosen_rows, draft)
-        prev_tag = jnp.concatenate([jnp.ones((b, 1), bool), tags[:, :-1]], axis=1) | first_row
-        r_tags = _slot_cumprod(chosen_rows & (tags | prev_tag | ar_ok), S) & chosen_rows
-        iv_tags = jnp.where(use_infill, a_tags, r_tags)
-        iv_draft = jnp.where(use_infill, a_draft, draft)
-        corrected = a_fixed & use_infill
-
-        def settle(new_tags, tokens, corrected):
-            """Chosen slots whose tokens are all accepted (an accepted EOS completes its slot and kills the
-            slots after it) commit together, unless a token was corrected in this pass (its K/V is not
-            this pass's). Returns (slots, commit rows, complete [B], EOS offset [B], tags)."""
-            new_slots, eos_pos = slots, jnp.full((b,), bs)
-            if stop:
-                hit = new_tags & (tokens == eos)
-                eos_pos = jnp.where(hit.any(1), jnp.argmax(hit, axis=1), bs)
-                new_slots = jnp.where((slot_start > eos_pos[:, None]) & ((slots == CHOSEN) | (slots == PENDING)),
-                                      DEAD, slots)
-                new_tags = new_tags | (chosen_rows & (row_slot[None, :] == (eos_pos // S)[:, None]))
-                new_tags = new_tags & (new_slots[:, row_slot] == CHOSEN)
-            live = new_slots[:, row_slot] == CHOSEN
-            complete = jnp.all(new_tags | ~live, axis=1) & ~jnp.any(corrected & live & (j <= eos_pos[:, None]), axis=1)
-            commit_rows = live & (j <= eos_pos[:, None]) & complete[:, None]
-            new_slots = jnp.where(complete[:, None] & (new_slots == CHOSEN), COMMITTED, new_slots)
-            return new_slots, commit_rows, complete, eos_pos, new_tags
-
-        i_slots, commit_i, complete, i_eos_pos, new_tags = settle(iv_tags, iv_draft, corrected)
-        # INFILL_DRAFT with every chosen token already settled (only after an `ar_infill` correction): the
-        # pass ran exactly the final tokens, so it commits them
-        settled = jnp.all(tags | ~chosen_rows, axis=1)
-        d_slots, commit_d, d_complete, d_eos_pos, _ = settle(tags, draft, jnp.zeros_like(tags))
-        d_complete = d_complete & settled & use_infill
-
-        # ---- select per phase
-        is_plan, is_ver, is_dr, is_iv = (phase == PLAN), (phase == VERIFY), (phase == INFILL_DRAFT), \
-            (phase == INFILL_VERIFY)
-        sel = lambda a, bv, c, d, e: jnp.where(  # noqa: E731
-            _b(is_plan, a), a, jnp.where(_b(is_ver, a), bv, jnp.where(_b(is_dr, a), c, jnp.where(_b(is_iv, a), d, e))))
-        new_slots = sel(plan_slots, verify_slots, jnp.where(d_complete[:, None], d_slots, slots), i_slots, slots)
-        new_draft = sel(plan_draft, verify_draft, infill_draft, iv_draft, draft)
-        new_tags_all = sel(tags, verify_tags, tags, new_tags, tags)
-        commit = (jnp.where(is_ver[:, None], commit_v, False) | jnp.where(is_iv[:, None], commit_i, False)
-                  | jnp.where((is_dr & d_complete)[:, None], commit_d, False))
-        committed_now = (is_ver & v_commits) | (is_iv & complete) | (is_dr & d_complete)
-        next_phase = jnp.where(is_plan, VERIFY, jnp.where(is_ver, jnp.where(v_commits, PLAN, INFILL_DRAFT),
-                               jnp.where(is_dr, jnp.where(d_complete, PLAN, INFILL_VERIFY),
-                                         jnp.where(is_iv, jnp.where(complete, PLAN, INFILL_DRAFT), DONE))))
-        eos_pos = jnp.where(is_ver, v_eos_pos, jnp.where(is_iv & complete, i_eos_pos,
-                                                         jnp.where(is_dr & d_complete, d_eos_pos, bs)))
-        eos_flag = st["eos_flag"] | (committed_now & (eos_pos < bs))
-
-        # ---- commit: K/V of this pass, tokens into the logical output
-        cache = kv_cache.commit(st["cache"], kv, commit)
-        length = st["cache"]["length"]
-        phys_tok = _append(st["phys_tok"], length, new_draft, commit)
-        phys_pos = _append(st["phys_pos"], length, positions, commit)
-        out_idx = jnp.where(commit, st["blk"][:, None] * bs + j, g)
-        gen = st["gen"].at[rows, out_idx].set(new_draft, mode="drop")
-        filled = st["filled"].at[rows, out_idx].set(True, mode="drop")
-        presence = decoding.add_presence(st["presence"], new_draft, commit)
-        ar_next = st["ar_next"].at[rows, jnp.where(commit, out_idx + 1, g + 1)].set(choice, mode="drop")
-
-        # ---- block end: next block, or stop (after EOS or the last block)
-        block_over = (next_phase == PLAN) & ~jnp.any(new_slots == PENDING, axis=1)
-        finished = block_over & (eos_flag | (st["blk"] == nb - 1))
-        advance = block_over & ~finished
-        next_phase = jnp.where(finished, DONE, next_phase)
-        new_slots = jnp.where(advance[:, None], PENDING, new_slots)
-        blk = st["blk"] + advance
-        new_tags_all = jnp.where(advance[:, None], False, new_tags_all)
-
-        new = dict(it=it + 1, cache=cache, phys_tok=phys_tok, phys_pos=phys_pos, phase=next_phase, blk=blk,
-                   slots=new_slots, draft=new_draft, tags=new_tags_all, eos_flag=eos_flag, gen=gen, filled=filled,
-                   nfe=nfe, plans=st["plans"] + is_plan, presence=presence, ar_next=ar_next)
+    def body(st: State) -> State:
+        win, positions, valid, wmask = window(st, lay, lengths)
+        logits, kv = model_lib.apply(params, config, win, positions, window_mask=wmask, cache=st.cache)
+        ps = evaluate(st, logits, key, dyn, lay, draw, greedy)
+        u = select(st.phase, [phase(st, ps, dyn, lay) for phase in PHASES], _stay(st, lay, DONE))
+        new = apply_update(st, u, ps, kv, positions, lay)
         if debug:
-            tr = st["trace"]
-            new["trace"] = dict(logits=tr["logits"].at[it].set(logits), tokens=tr["tokens"].at[it].set(win_tok),
-                                positions=tr["positions"].at[it].set(positions),
-                                valid=tr["valid"].at[it].set(valid), phase=tr["phase"].at[it].set(phase),
-                                cache_len=tr["cache_len"].at[it].set(length))
+            new = new.replace(trace=_record(st.trace, st.it, logits, win, positions, valid, st.phase,
+                                            st.cache["length"]))
         return new
 
     st = jax.lax.while_loop(cond, body, state)
-    idx = jnp.arange(g)[None, :]
-    generated = jnp.sum(st["filled"] & (idx < nb * bs), axis=1).astype(jnp.int32)
-    if stop:
-        hit = st["filled"] & (st["gen"] == eos)
+    idx = jnp.arange(lay.g)[None, :]
+    generated = jnp.sum(st.filled & (idx < lay.nb * lay.bs), axis=1).astype(jnp.int32)
+    if lay.stop:
+        hit = st.filled & (st.gen == lay.eos)
         generated = jnp.where(hit.any(1), jnp.argmax(hit, axis=1) + 1, generated)
-    out = jnp.where(idx < generated[:, None], st["gen"], pad)
-    result = dict(tokens=out, lengths=generated, num_forward_passes=st["nfe"], loop_passes=st["it"] + 1,
-                  physical_tokens=st["phys_tok"], physical_positions=st["phys_pos"], plans=st["plans"],
-                  num_blocks=jnp.int32(nb), block_size=jnp.int32(bs))
+    out = jnp.where(idx < generated[:, None], st.gen, lay.pad)
+    result = dict(tokens=out, lengths=generated, num_forward_passes=st.nfe, loop_passes=st.it + 1,
+                  physical_tokens=st.phys_tok, physical_positions=st.phys_pos, plans=st.plans,
+                  num_blocks=jnp.int32(lay.nb), block_size=jnp.int32(lay.bs))
     if debug:
-        result["trace"] = st["trace"]
+        result["trace"] = st.trace
     return result
-
-
-def _b(cond: Array, like: Array) -> Array:
-    """Broadcasts a per-row bool [B] against an array [B, ...]."""
-    return cond.reshape(cond.shape + (1,) * (like.ndim - 1))
 
 
 def _cut_physical(toks: np.ndarray, pos: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

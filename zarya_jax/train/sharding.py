@@ -6,17 +6,19 @@ One mesh with three named axes, `('data', 'fsdp', 'tensor')`:
   (ZeRO-3 style: XLA all-gathers a layer's weights before use and reduce-scatters its grads);
 - `tensor`: Megatron-style tensor parallelism over heads, MLP width and vocabulary.
 
-Every param dim carries a *logical* axis name (`PARAM_AXES`, matched on the param's path), and ONE
+Every param dim carries a *logical* axis name, declared where the model creates the parameter
+(`zarya_jax.nn.model`, with `nn.partitioning.declare`) and read back by path (`declared_axes`), and ONE
 table (`RULES`, in `zarya_jax.nn.partitioning`, where the model's fused attention reads it too) maps
-logical names to mesh axes. Changing the parallelism layout means editing
-`RULES` or the mesh sizes, never the model. A dim whose size is not divisible by its mesh axes is
-left unsharded (replicated) rather than failing, so tiny test models run on any mesh.
+logical names to mesh axes. Changing the parallelism layout means editing `RULES` or the mesh sizes,
+never the model. A parameter with no declaration, or a name with no rule, is an error naming its path
+(never silently replicated). A dim whose size is not divisible by its mesh axes is left unsharded
+(replicated) rather than failing, so tiny test models run on any mesh.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
-import re
 from typing import Sequence
 
 import jax
@@ -25,24 +27,18 @@ import optax
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from ..config import ConfigError
-from ..nn.partitioning import BATCH_AXES, MESH_AXES, RULES, spec_for
+from ..config import ConfigError, LoraConfig, preset
+from ..nn import model as model_lib
+from ..nn.partitioning import BATCH_AXES, MESH_AXES, RULES, path_str, spec_for
 
-# Param path (joined with '/') -> logical axes of its dims. First full match wins.
-# Covers the model params (nn/model.py) and the gated-LoRA adapter tree (nn/lora.py).
-PARAM_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
-    (r"(.*/)?embed", ("vocab", "embed")),
-    (r"(.*/)?lm_head", ("embed", "vocab")),
-    (r"(.*/)?final_norm/scale", ("norm",)),
-    (r"(.*/)?layers/(input_norm|post_attn_norm|q_norm|k_norm)/scale", ("layers", "norm")),
-    (r"(.*/)?layers/q_proj/kernel", ("layers", "embed", "heads", "head_dim")),
-    (r"(.*/)?layers/(k_proj|v_proj)/kernel", ("layers", "embed", "kv_heads", "head_dim")),
-    (r"(.*/)?layers/o_proj/kernel", ("layers", "heads", "head_dim", "embed")),
-    (r"(.*/)?layers/(gate_proj|up_proj)/kernel", ("layers", "embed", "mlp")),
-    (r"(.*/)?layers/down_proj/kernel", ("layers", "mlp", "embed")),
-    (r"(.*/)?layers/\w+/a", ("layers", "lora_in", "lora_rank")),
-    (r"(.*/)?layers/\w+/b", ("layers", "lora_rank", "lora_out")),
-)
+__all__ = ["path_str"]  # re-exported: the trainer's optimizer masks name params by path too
+
+
+@functools.cache
+def declared_axes() -> dict[str, tuple[str | None, ...]]:
+    """Every param path the model can create (the untied `lm_head` and the LoRA adapter's `a`/`b`
+    included; sizes do not change the paths) -> the logical axes declared where it is created."""
+    return model_lib.declared_axes(preset("tiny").replace(tie_word_embeddings=False), LoraConfig(rank=1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,19 +60,6 @@ class MeshConfig:
                 raise ConfigError(f"mesh.{name}={s}: expected a positive size or -1 (fill)")
         if self.num_devices != -1 and self.num_devices < 1:
             raise ConfigError(f"mesh.num_devices={self.num_devices}: expected ≥ 1 or -1 (all)")
-
-
-def path_str(path) -> str:
-    """A pytree key path as 'a/b/c'."""
-    parts = []
-    for k in path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(k, attr):
-                parts.append(str(getattr(k, attr)))
-                break
-        else:
-            parts.append(str(k))
-    return "/".join(parts)
 
 
 def resolve_mesh_shape(config: MeshConfig, num_devices: int) -> tuple[int, int, int]:
@@ -114,21 +97,27 @@ def make_mesh(config: MeshConfig, devices: Sequence[jax.Device] | None = None) -
     return Mesh(arr, MESH_AXES)
 
 
-def logical_axes(path: str, ndim: int) -> tuple[str | None, ...]:
-    """Logical axes of the param at `path` (e.g. 'layers/q_proj/kernel'); unknown params replicate."""
-    for pattern, axes in PARAM_AXES:
-        if re.fullmatch(pattern, path):
-            if len(axes) != ndim:
-                raise ConfigError(f"param {path!r} has {ndim} dims but its logical axes are {axes}")
-            return axes
-    return (None,) * ndim
+def logical_axes(path: str, ndim: int, declared: dict | None = None) -> tuple[str | None, ...]:
+    """Logical axes of the param at `path` (e.g. 'layers/q_proj/kernel') from `declared` (default: the
+    model's, `declared_axes`). Raises ConfigError naming a path with no declaration or another rank."""
+    declared = declared_axes() if declared is None else declared
+    if path not in declared:
+        raise ConfigError(f"param {path!r} has no declared logical axes (declared: {sorted(declared)}); declare them "
+                          "where it is created (zarya_jax.nn.partitioning.declare) so that it is not replicated")
+    axes = declared[path]
+    if len(axes) != ndim:
+        raise ConfigError(f"param {path!r} has {ndim} dims but its declared logical axes are {axes}")
+    return axes
 
 
-def tree_shardings(tree, mesh: Mesh, rules: dict = RULES):
-    """NamedShardings for a params-like pytree (arrays or ShapeDtypeStructs), from `PARAM_AXES`."""
+def tree_shardings(tree, mesh: Mesh, rules: dict = RULES, declared: dict | None = None):
+    """NamedShardings for a params-like pytree (arrays or ShapeDtypeStructs): each leaf's declared logical
+    axes (`logical_axes`) through `rules`. Raises ConfigError naming a leaf without a declaration or with
+    an axis `rules` lacks."""
     def one(path, leaf):
-        shape = np.shape(leaf)
-        return NamedSharding(mesh, spec_for(shape, logical_axes(path_str(path), len(shape)), mesh, rules))
+        shape, name = np.shape(leaf), path_str(path)
+        axes = logical_axes(name, len(shape), declared)
+        return NamedSharding(mesh, spec_for(shape, axes, mesh, rules, what=f"param {name!r}"))
 
     return jax.tree_util.tree_map_with_path(one, tree)
 
