@@ -7,7 +7,7 @@ exact-match accuracy (`answers`), wall-clock generated tokens/s (compile time ex
 apart), tokens per forward pass and the speed-up over `ar`. Decoding knobs are `GenerationConfig`
 fields, per mode or for all modes (`parse_knobs`, `ModeKnobs`), typed by `zarya_jax.overrides`.
 Records are rendered by `zarya_jax.data.render` with the checkpoint's recorded `PromptFormat`
-(`prompt_format_for`), so the prompt ids are those the model was trained on.
+(`zarya_jax.inference`), so the prompt ids are those the model was trained on.
 """
 from __future__ import annotations
 
@@ -22,11 +22,10 @@ import numpy as np
 from tqdm import tqdm
 
 from .. import overrides as ov
-from ..config import ConfigError, PromptFormat
+from ..config import ConfigError
 from ..data import render
-from ..data.tokenizer import load_tokenizer
 from ..files import atomic_write, atomic_write_json, atomic_write_jsonl
-from ..nn.checkpoint import load_prompt_format, tokenizer_dir
+from ..inference import Inference, prompt_format
 from ..sampling import GenerationConfig, generate
 from ..sampling.config import MODE_KNOBS, ROUTING_FIELDS, check_knobs
 from ..sampling.prompts import bucket_length
@@ -237,22 +236,22 @@ def evaluate_mode(params, config, tokenizer, prompts: list[list[int]], gen_confi
             "tokens_per_forward": float(np.mean(tpf)) if tpf else float("nan")}
 
 
-def evaluate(params, config, tokenizer, records: list[dict], modes: list[str], *, max_new_tokens: int = 64,
-             batch_size: int = 1, knobs: dict | None = None, method: str = "final", pattern: str | None = None,
-             lora_params=None, lora=None, seed: int = 0, progress: bool = True,
-             warmup: bool = True, batch1_examples: int = 0,
-             prompt_format: PromptFormat = PromptFormat()) -> tuple[list[dict], list[dict]]:
-    """Runs every mode on every record, rendered with `prompt_format` (`zarya_jax.data.render`; give the
-    checkpoint's, `prompt_format_for(ckpt)`). Returns (summary rows, per-example prediction rows).
-    warmup=False skips the untimed compile run (for programs already compiled). batch1_examples > 0
+def evaluate(model: Inference, records: list[dict], ev: EvalConfig, *, knobs: dict | None = None,
+             progress: bool = True, warmup: bool = True) -> tuple[list[dict], list[dict]]:
+    """Runs every mode of `ev` on every record, rendered with the checkpoint's prompt format
+    (`model.prompt_format`, `zarya_jax.data.render`). Returns (summary rows, per-example prediction rows).
+    knobs: {mode or "*": {GenerationConfig field: value}} (default `ev.knobs`), e.g. those a frontier chose.
+    warmup=False skips the untimed compile run (for programs already compiled). `ev.batch1_examples` > 0
     also decodes the first N records one at a time and reports `tokens_per_s_batch1` (and the speed-up
     over AR at batch 1): on an accelerator decoding is memory-bound and a pass costs about the same
-    whatever its rows, on a CPU it costs in proportion to them, so both batch sizes are worth reading."""
+    whatever its rows, on a CPU it costs in proportion to them, so both batch sizes are worth reading.
+    `ev` was validated when it was built; what is checked here needs the model and the records."""
+    params, config, tokenizer, prompt_format = model.params, model.config, model.tokenizer, model.prompt_format
+    modes, max_new_tokens, batch_size, batch1_examples = list(ev.modes), ev.max_new_tokens, ev.batch_size, ev.batch1_examples
+    method, pattern, lora_params, lora = ev.answer, ev.answer_regex or None, model.adapter, model.lora
+    knobs = ev.knobs.as_dict() if knobs is None else knobs
     if "spec-lora" in modes and lora_params is None:
         raise ValueError("mode 'spec-lora' needs a LoRA drafter adapter (--lora DIR)")
-    if batch_size < 1:
-        raise ValueError(f"batch size {batch_size}: expected ≥ 1")
-    check_answer(method, pattern)
     pairs = []
     for i, record in enumerate(records):
         try:
@@ -274,7 +273,7 @@ def evaluate(params, config, tokenizer, records: list[dict], modes: list[str], *
         except ValueError as e:
             raise ValueError(f"mode {mode}: {e}") from None
     summary, predictions = [], []
-    key = jax.random.PRNGKey(seed)
+    key = jax.random.PRNGKey(ev.seed)
     for mode in modes:
         gen = gens[mode]
         bar = _progress_bar(mode, len(prompts)) if progress else None
@@ -360,15 +359,5 @@ def write_outputs(out_dir: str, summary: list[dict], predictions: list[dict], ex
     atomic_write_json(os.path.join(out_dir, "summary.json"), {"modes": summary, **(extra or {})})
 
 
-def load_tokenizer_for(ckpt: str, spec: str | None):
-    """`spec` if given; else a tokenizer saved inside the checkpoint directory; else bytes."""
-    if spec:
-        return load_tokenizer(spec)
-    return load_tokenizer(tokenizer_dir(ckpt) or "byte")
-
-
-def prompt_format_for(ckpt: str | None, overrides=(), default: PromptFormat = PromptFormat()) -> PromptFormat:
-    """How to render records for `ckpt`: the format its training recorded (else `default`), with dotted
-    `FIELD=VALUE` overrides (`--format` items or a mapping, typed by `zarya_jax.overrides`)."""
-    recorded = load_prompt_format(ckpt) if ckpt else None
-    return ov.apply(recorded or default, overrides, "--format")
+# Where a checkpoint's prompt format comes from (kept under its former name here).
+prompt_format_for = prompt_format
