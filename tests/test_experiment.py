@@ -20,12 +20,14 @@ from zarya_jax.testing import tiny_config as model_config
 
 
 def test_run_from_python_returns_a_typed_report(tmp_path):
-    config = overrides.apply(default_config(), {**SMOKE, "eval.modes": ["ar", "slotted"], "eval.batch1_examples": 0})
+    config = overrides.apply(default_config(), {**SMOKE, "eval.modes": ["ar", "mdm"], "eval.batch1_examples": 0,
+                                                 "frontier.mdm_steps": [0, 2]})
     assert isinstance(config, ExperimentConfig) and config.goals.ar_accuracy == 0.8
     workdir = str(tmp_path / "exp")
     report = run(config, workdir, progress=False)
     assert isinstance(report, Report) and all(isinstance(r, ModeResult) for r in report.modes)
-    assert [r.mode for r in report.modes] == ["ar", "slotted"] and report.train.step == 4
+    assert [r.mode for r in report.modes] == ["ar", "mdm"] and report.train.step == 4
+    assert [p.mode for p in report.frontier.points] == ["ar", "mdm", "mdm"]
     doc = json.load(open(os.path.join(workdir, "report.json")))
     assert json.loads(json.dumps(report.to_json(), default=str)) == doc
     # Accuracy recomputed from the per-example file with the extraction rules, not from the report.
