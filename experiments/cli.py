@@ -25,6 +25,7 @@ import signal
 import sys
 from typing import Callable
 
+from zarya_jax import overrides
 from zarya_jax.config import ConfigError, check_bounds
 from zarya_jax.files import check_output
 from zarya_jax.train.divergence import DivergenceError
@@ -89,10 +90,22 @@ def check_workdir(workdir: str, inputs: dict, writes: tuple[str, ...] = ()) -> N
     check_output(workdir, inputs, "--workdir", writes=writes)
 
 
+def add_set_flag(p: argparse.ArgumentParser, example: str = "optim.lr=1e-3") -> None:
+    """`--set KEY=VALUE` (repeatable): a dotted key of the command's config tree (listed in its `--help`),
+    the one override flag every command takes; `set_overrides` reads it."""
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help=f"override a knob, e.g. --set {example} (repeatable; the list is below)")
+
+
+def set_overrides(args, flags: dict | None = None) -> dict:
+    """{dotted key: value}: the command's own `flags` (already in dotted keys) under the `--set` items
+    (parsed, typed later against the tree by `zarya_jax.overrides.apply`); `--set` wins."""
+    return {**(flags or {}), **overrides.parse_all(args.overrides)}
+
+
 def add_run_flags(p: argparse.ArgumentParser) -> None:
     """The flags every training command shares: `--set`, `--force`, `--no-verify`."""
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a knob, e.g. --set optim.lr=1e-3 (repeatable; the list is below)")
+    add_set_flag(p)
     p.add_argument("--force", action="store_true", help="resume even if the workdir holds a different config")
     p.add_argument("--no-verify", action="store_true",
                    help="read checkpoints without checking their checksums (train.verify_checkpoints=false)")

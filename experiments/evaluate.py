@@ -17,9 +17,15 @@ names the closest ones). Per mode it reports exact-match accuracy, wall-clock ge
 (compile time excluded and reported apart), tokens per forward pass and the speed-up over `ar`; it
 writes `summary.json` (with the arguments and the code's provenance: commit, dirty tree, package
 versions), `summary.md` and `predictions.jsonl` (one line per example and mode) to `--out` (default
-`<ckpt>_eval`). `--batch1-examples N` also times the first N records at batch 1. `--diagnose` adds the
+`<ckpt>_eval`). `--limit N` evaluates the first N records (0, the default, evaluates them all, as
+`eval.limit` does). `--batch1-examples N` also times the first N records at batch 1. `--diagnose` adds the
 diagnostics (`zarya_jax.eval.diagnose`: each head's teacher-forced accuracy by offset within a slot,
 where each mode's outputs first go wrong) to `summary.json` and `summary.md`.
+
+The flags are the fields of an `eval` section (`zarya_jax.eval.evaluate.EvalConfig`, the quickstart's):
+`--set eval.FIELD=VALUE` sets any of them (e.g. `eval.limit=5`, `eval.knobs.slotted.slot_size=4`), and
+each is validated once, where the section is built. The checkpoint is read by
+`zarya_jax.inference.load_for_inference` (`--tokenizer` wins over the checkpoint's own tokenizer).
 
 Everything is checked before any decoding: the flags, each mode's knobs (a knob the mode does not read,
 such as `ar.slot_size` or `ar.mode`, is an error), every record, the checkpoint against its checksums
@@ -32,28 +38,39 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import sys
+import re
 
-from zarya_jax import checkpoint
-from zarya_jax import lora as lora_lib
 from zarya_jax import overrides
-from zarya_jax.config import PromptFormat
+from zarya_jax.config import ConfigError, PromptFormat
 from zarya_jax.eval import answers, diagnose
-from zarya_jax.eval.evaluate import (MODES, check_answer, check_mode_knobs, evaluate, generation_config,
-                                     load_tokenizer_for, parse_knobs, parse_modes, prompt_format_for, summary_markdown,
-                                     write_outputs)
+from zarya_jax.eval.evaluate import MODES, EvalConfig, evaluate, parse_knobs, parse_modes, summary_markdown, write_outputs
 from zarya_jax.eval.tasks import read_jsonl
 from zarya_jax.files import check_output, check_writable_dir
+from zarya_jax.inference import load_for_inference
 from zarya_jax.provenance import provenance
 
 from . import cli
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluateConfig:
+    """The command's config tree: one `eval` section (its `--set` keys are `eval.*`)."""
+
+    eval: EvalConfig = EvalConfig()
+
+
+# The flags that are fields of the eval section: (field, flag), so an error names the flag the user typed.
+FLAGS = (("modes", "--modes"), ("max_new_tokens", "--max-new-tokens"), ("batch_size", "--batch-size"),
+         ("limit", "--limit"), ("answer", "--answer"), ("answer_regex", "--answer-regex"), ("seed", "--seed"),
+         ("batch1_examples", "--batch1-examples"))
 
 OUTPUTS = ("summary.json", "summary.md", "predictions.jsonl")  # what `write_outputs` writes into --out
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m experiments.evaluate", description=__doc__,
-                                epilog=overrides.help_table(overrides.keys(PromptFormat), "--format"),
+                                epilog=overrides.help_table(overrides.keys(EvaluateConfig)) + "\n\n"
+                                + overrides.help_table(overrides.keys(PromptFormat), "--format"),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", required=True, help="checkpoint directory (zarya_jax.checkpoint.save format)")
     p.add_argument("--data", required=True, help="JSONL of {prompt, answer} or {messages} records")
@@ -61,10 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lora", default=None, help="LoRA drafter adapter directory (for spec-lora)")
     p.add_argument("--tokenizer", default=None, help="'byte' or a HF tokenizer directory (default: from --ckpt)")
     p.add_argument("--answer", default="final", choices=answers.METHODS, help="answer extraction method")
-    p.add_argument("--answer-regex", default=None, help="pattern for --answer regex (last match, group 1)")
+    p.add_argument("--answer-regex", default="", help="pattern for --answer regex (last match, group 1)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N records")
+    p.add_argument("--limit", type=int, default=0, help="evaluate only the first N records (0: all)")
     p.add_argument("--knob", action="append", default=[],
                    help="[MODE.]FIELD=VALUE GenerationConfig override, repeatable (e.g. slotted.slot_size=4)")
     p.add_argument("--seed", type=int, default=0)
@@ -73,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "mode's first errors to the summary")
     p.add_argument("--slot-sizes", default="2,4,8", help="slot sizes of the --diagnose teacher-forced MDM accuracy")
     add_format_arguments(p)
+    cli.add_set_flag(p, "eval.limit=5")
     p.add_argument("--out", default=None, help="output directory (default: <ckpt>_eval)")
     p.add_argument("--no-verify", action="store_true", help="load the checkpoint without checking its checksums")
     return p
@@ -100,59 +118,56 @@ def main(argv=None) -> int:
     return cli.run(lambda: _run(args))
 
 
-def _validate_flags(args) -> tuple[list[str], dict, list[int]]:
-    """Every flag, each mode's knobs included, before anything is read: (modes, knobs, slot sizes)."""
-    modes = parse_modes(args.modes)
+def eval_config(args) -> tuple[EvalConfig, dict]:
+    """The eval section from the flags, `--knob MODE.FIELD=VALUE` items as `eval.knobs.MODE.FIELD`, then
+    `--set` (which wins); and the knobs for every mode (`--knob FIELD=VALUE`), checked by `evaluate`
+    against the modes. The section validates every field; an error names the flag it came from."""
     knobs = parse_knobs(args.knob)
-    for flag in ("max_new_tokens", "batch_size"):
-        if getattr(args, flag) < 1:
-            raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)}: expected ≥ 1")
-    check_mode_knobs(modes, knobs)
-    for mode in modes:
-        generation_config(mode, args.max_new_tokens, knobs).validate()
-    if args.limit is not None and args.limit < 1:
-        raise ValueError(f"--limit={args.limit}: expected ≥ 1 (omit it to evaluate every record)")
-    check_answer(args.answer, args.answer_regex)
-    if args.batch1_examples < 0:
-        raise ValueError(f"--batch1-examples={args.batch1_examples}: expected ≥ 0")
+    flags = {f"eval.{field}": getattr(args, field) for field, _ in FLAGS}
+    flags["eval.modes"] = parse_modes(args.modes)
+    flags.update({f"eval.knobs.{mode}.{k}": v for mode, items in knobs.items() if mode != "*" for k, v in items.items()})
+    given = cli.set_overrides(args)
     try:
-        slot_sizes = [int(x) for x in args.slot_sizes.split(",") if x.strip()]
+        config = overrides.apply(EvaluateConfig(), cli.set_overrides(args, flags)).eval
+    except ConfigError as e:
+        message = str(e)
+        for field, flag in FLAGS:
+            if f"eval.{field}" not in given:
+                message = re.sub(rf"\beval\.{field}\b", flag, message)
+        raise ConfigError(message) from None
+    return config, {"*": knobs["*"]} if "*" in knobs else {}
+
+
+def slot_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        slot_sizes = []
-    if not slot_sizes or min(slot_sizes) < 1:
-        raise ValueError(f"--slot-sizes {args.slot_sizes!r}: expected comma-separated integers ≥ 1, e.g. 2,4,8")
-    if "spec-lora" in modes and not args.lora:
-        raise ValueError("mode 'spec-lora' needs --lora ADAPTER_DIR")
-    return modes, knobs, slot_sizes
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"--slot-sizes {text!r}: expected comma-separated integers ≥ 1, e.g. 2,4,8")
+    return sizes
 
 
 def _run(args) -> int:
-    modes, knobs, slot_sizes = _validate_flags(args)
+    ev, shared = eval_config(args)
+    sizes = slot_sizes(args.slot_sizes)
+    if "spec-lora" in ev.modes and not args.lora:
+        raise ValueError("mode 'spec-lora' needs --lora ADAPTER_DIR")
     if not os.path.isdir(args.ckpt):
         raise ValueError(f"--ckpt {args.ckpt!r} is not a directory")
     out = args.out or os.path.join(args.ckpt.rstrip("/") + "_eval")
     check_output(out, {"--ckpt": args.ckpt, "--data": args.data, "--lora": args.lora, "--tokenizer": args.tokenizer},
                  "--out", writes=OUTPUTS)
     check_writable_dir(out, "--out")  # now, not after the decoding
-    fmt = prompt_format_for(args.ckpt, format_overrides(args))
-    records = read_jsonl(args.data, fmt)
-    if args.limit is not None:
-        records = records[: args.limit]
-    params, config = checkpoint.load(args.ckpt, verify=not args.no_verify)
-    tokenizer = load_tokenizer_for(args.ckpt, args.tokenizer)
-    lora_params = lora_cfg = None
-    if args.lora:
-        lora_params, lora_cfg = lora_lib.load(args.lora)
-        lora_lib.check_lora(lora_params, config, lora_cfg)
-    summary, predictions = evaluate(params, config, tokenizer, records, modes,
-                                    max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                                    knobs=knobs, method=args.answer, pattern=args.answer_regex,
-                                    lora_params=lora_params, lora=lora_cfg, seed=args.seed,
-                                    batch1_examples=args.batch1_examples, prompt_format=fmt)
-    diag = (diagnose.analyse(params, config, tokenizer, records, summary, predictions, slot_sizes, fmt)
-            if args.diagnose else None)
+    model = load_for_inference(args.ckpt, tokenizer=args.tokenizer, adapter=args.lora, verify=not args.no_verify,
+                               format_overrides=format_overrides(args))
+    records = read_jsonl(args.data, model.prompt_format)
+    if ev.limit:
+        records = records[: ev.limit]
+    summary, predictions = evaluate(model, records, ev, knobs={**ev.knobs.as_dict(), **shared})
+    diag = diagnose.analyse(model, records, summary, predictions, sizes) if args.diagnose else None
     extra = {"ckpt": os.path.abspath(args.ckpt), "data": os.path.abspath(args.data), "arguments": vars(args),
-             "prompt_format": overrides.to_dict(fmt), "provenance": provenance()}
+             "prompt_format": overrides.to_dict(model.prompt_format), "provenance": provenance()}
     if diag is not None:
         extra["diagnostics"] = diag
     markdown = summary_markdown(summary) + ("\n## Diagnostics\n\n" + diagnose.markdown(diag) if diag else "")

@@ -7,8 +7,9 @@
 Prompts: `--prompt` (repeatable) or `--prompts-file` (one prompt per line; `.jsonl` files hold
 objects with a "prompt" field, or the field named by `--prompt-key`). Each prompt is rendered as the
 checkpoint's training prompts were (its recorded prompt format: chat template, system message, prompt
-template; `zarya_jax.data.render`; `--format FIELD=VALUE` changes a field). Tokenizer: the checkpoint's own (CKPT/tokenizer/) if present, else
-`--tokenizer DIR`, else the byte tokenizer. Every `GenerationConfig` field is a knob: `--set FIELD=VALUE`
+template; `zarya_jax.data.render`; `--format FIELD=VALUE` changes a field). Tokenizer
+(`zarya_jax.inference.load_for_inference`): `--tokenizer` if given, else the checkpoint's own
+(CKPT/tokenizer/), else the byte tokenizer. Every `GenerationConfig` field is a knob: `--set FIELD=VALUE`
 (YAML values; list below); `--mode` and `--max-new-tokens` are shorthands for two of them. Prompts run
 in batches of `--batch-size`; the text of each row is printed as soon as its batch finishes.
 `--output F.jsonl` also writes one record per prompt, with the prompt's token ids as rendered (written
@@ -27,19 +28,15 @@ import time
 
 import jax
 
-from zarya_jax import checkpoint
-from zarya_jax import lora as lora_lib
 from zarya_jax import overrides
 from zarya_jax.data.records import jsonl_lines
 from zarya_jax.data.render import render_prompt
-from zarya_jax.data.tokenizer import load_tokenizer
-from zarya_jax.eval.evaluate import prompt_format_for
 from zarya_jax.files import atomic_write_jsonl, check_output, check_writable_file, input_file_problem
 from zarya_jax.sampling import GenerationConfig, generate
+from zarya_jax.inference import load_for_inference
 from zarya_jax.sampling.config import MODES, ROUTING_FIELDS, check_knobs
 
 from . import cli
-
 from .evaluate import add_format_arguments, format_overrides
 
 
@@ -51,12 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt", action="append", help="a prompt (repeat for several)")
     src.add_argument("--prompts-file", help="text file, one prompt per line (or .jsonl with a 'prompt' field)")
     p.add_argument("--ckpt", required=True, help="checkpoint directory (zarya_jax.checkpoint.save)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer directory or 'byte' (when the checkpoint has none)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer directory or 'byte' (default: the checkpoint's)")
     p.add_argument("--mode", choices=MODES, default=None,
                    help="sampler (the `mode` knob); default routes by slotted_generation (mode B if set, else mode A)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="the `max_new_tokens` knob")
-    p.add_argument("--set", dest="knobs", action="append", default=[], metavar="FIELD=VALUE",
-                   help="a GenerationConfig knob, e.g. temperature=0.7 (repeatable; list below)")
+    cli.add_set_flag(p, "temperature=0.7")
     p.add_argument("--lora", default=None, help="mode spec with drafter=lora: LoRA adapter directory")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
@@ -99,20 +95,13 @@ def read_prompts(args, prompt_key: str = "prompt") -> list[str]:
     return prompts
 
 
-def load_model(args):
-    if not os.path.isdir(args.ckpt):
-        raise ValueError(f"--ckpt {args.ckpt!r} is not a directory")
-    params, config = checkpoint.load(args.ckpt, verify=not args.no_verify)
-    tokenizer = load_tokenizer(checkpoint.tokenizer_dir(args.ckpt) or args.tokenizer)
-    return params, config, tokenizer
-
-
 def generation_config(args) -> GenerationConfig:
     """`--mode` and `--max-new-tokens`, then the `--set` knobs, typed against GenerationConfig; a knob
     the resulting mode does not read is an error."""
     base = GenerationConfig(mode=args.mode, max_new_tokens=args.max_new_tokens)
-    gc = overrides.apply(base, args.knobs)
-    check_knobs(gc.resolved_mode, [k for k in overrides.parse_all(args.knobs) if k not in ROUTING_FIELDS])
+    knobs = cli.set_overrides(args)
+    gc = overrides.apply(base, knobs)
+    check_knobs(gc.resolved_mode, [k for k in knobs if k not in ROUTING_FIELDS])
     return gc
 
 
@@ -126,24 +115,22 @@ def _run(args) -> int:
         raise ValueError(f"--batch-size={args.batch_size}: expected ≥ 1")
     if not os.path.isdir(args.ckpt):
         raise ValueError(f"--ckpt {args.ckpt!r} is not a directory")
-    fmt = prompt_format_for(args.ckpt, format_overrides(args))
-    texts = read_prompts(args, fmt.prompt_key)
     gc = generation_config(args)
     gc.validate()
-    if gc.resolved_mode == "spec" and gc.drafter == "lora" and args.lora is None:
+    with_lora = gc.resolved_mode == "spec" and gc.drafter == "lora"
+    if with_lora and args.lora is None:
         raise ValueError("--mode spec with drafter=lora needs --lora DIR (the drafter adapter)")
     if args.output:
         check_output(args.output, {"--ckpt": args.ckpt, "--prompts-file": args.prompts_file, "--lora": args.lora,
                                    "--tokenizer": args.tokenizer}, "--output")
         check_writable_file(args.output, "--output")
-    params, config, tokenizer = load_model(args)
+    model = load_for_inference(args.ckpt, tokenizer=args.tokenizer, adapter=args.lora if with_lora else None,
+                               verify=not args.no_verify, format_overrides=format_overrides(args))
+    params, config, tokenizer, fmt = model.params, model.config, model.tokenizer, model.prompt_format
+    texts = read_prompts(args, fmt.prompt_key)
     prompts = [tokenizer.encode(render_prompt(t, tokenizer, fmt)) for t in texts]
     gc.validate(config, prompts)
-    lora_kwargs = {}
-    if gc.resolved_mode == "spec" and gc.drafter == "lora":
-        lora_params, lora_cfg = lora_lib.load(args.lora)
-        lora_lib.check_lora(lora_params, config, lora_cfg)
-        lora_kwargs = dict(lora_params=lora_params, lora=lora_cfg)
+    lora_kwargs = model.lora_kwargs
     key = jax.random.PRNGKey(args.seed)
     records = []
     for start in range(0, len(prompts), args.batch_size):

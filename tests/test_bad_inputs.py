@@ -176,7 +176,10 @@ CASES = [
     ("generate/non-utf8-prompts", generate, "--ckpt {ckpt} --prompts-file {latin1}", "not UTF-8"),
     ("generate/max-new-0", generate, "--ckpt {ckpt} --prompt hi --max-new-tokens 0", "max_new_tokens=0"),
     # ---- python -m experiments.evaluate
-    ("evaluate/limit-0", evaluate, "--ckpt {ckpt} --data {data} --modes ar --limit 0 --out {root}/e", "--limit=0"),
+    ("evaluate/limit-negative", evaluate, "--ckpt {ckpt} --data {data} --modes ar --limit -1 --out {root}/e",
+     "--limit=-1"),
+    ("evaluate/set-limit-negative", evaluate, "--ckpt {ckpt} --data {data} --modes ar --set eval.limit=-1 "
+     "--out {root}/e", "eval.limit=-1"),
     ("evaluate/bad-regex", evaluate, "--ckpt {ckpt} --data {data} --modes ar --answer regex --answer-regex ( "
      "--out {root}/e", "not a valid regular expression"),
     ("evaluate/regex-missing", evaluate, "--ckpt {ckpt} --data {data} --modes ar --answer regex --out {root}/e",

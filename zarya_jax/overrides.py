@@ -1,7 +1,7 @@
 """Typed dotted overrides (`a.b.c=value`) on trees of frozen dataclasses: the one override mechanism.
 
 Every entry point owns one config tree (training: `train.config.RunConfig`; the quickstart and sweeps:
-`experiments.pipeline.PipelineConfig`; `generate`: `GenerationConfig`; `evaluate --knob`: one
+`zarya_jax.experiment.ExperimentConfig`; `generate`: `GenerationConfig`; `evaluate --knob`: one
 `GenerationConfig` per mode) and every command-line `--set KEY=VALUE`, sweep key and preset file goes
 through this module:
 

@@ -22,13 +22,12 @@ import time
 import jax
 import numpy as np
 
-from zarya_jax import checkpoint as ckpt_lib
 from zarya_jax import lora as lora_lib
-from zarya_jax.config import LoraConfig
-from zarya_jax.data.tokenizer import load_tokenizer
+from zarya_jax.config import LoraConfig, PromptFormat
 from zarya_jax.data import render
-from zarya_jax.eval.evaluate import prompt_format_for
+from zarya_jax.data.tokenizer import load_tokenizer
 from zarya_jax.eval.tasks import read_jsonl
+from zarya_jax.inference import load_for_inference
 from zarya_jax.objectives.drafter import DrafterConfig
 from zarya_jax.sampling import GenerationConfig, generate
 from zarya_jax.testing import fit_adapter, pretrain_ar, synthetic_tokens, tiny_config
@@ -57,9 +56,11 @@ def measure(ckpt: str | None = None, adapter: str | None = None, *, draft_length
     if ckpt and "lora" in drafters and not adapter:
         raise ValueError("with --ckpt the LoRA drafter needs --adapter (train one with experiments.train_drafter), "
                          "or use --drafters self")
+    loaded = None
     if ckpt:
-        params, config = ckpt_lib.load(ckpt, verify=verify)
-        setup["model"] = os.path.abspath(ckpt)
+        loaded = load_for_inference(ckpt, adapter=adapter if "lora" in drafters else None, verify=verify)
+        params, config = loaded.params, loaded.config
+        setup["model"] = loaded.ckpt
     else:
         if size not in ("small", "tiny"):
             raise ValueError(f"size={size!r}: expected 'small' or 'tiny'")
@@ -73,7 +74,8 @@ def measure(ckpt: str | None = None, adapter: str | None = None, *, draft_length
     lora_params = lora = None
     if "lora" in drafters:
         if adapter:
-            lora_params, lora = lora_lib.load(adapter, verify=verify)
+            lora_params, lora = ((loaded.adapter, loaded.lora) if loaded is not None
+                                 else lora_lib.load(adapter, verify=verify))
             setup["adapter"] = os.path.abspath(adapter)
         else:
             lora = LoraConfig(rank=lora_rank, alpha=lora_alpha)
@@ -91,8 +93,8 @@ def measure(ckpt: str | None = None, adapter: str | None = None, *, draft_length
     rng = np.random.default_rng(seed + 123)
     pool = None
     if prompts_file:
-        tok = load_tokenizer((ckpt_lib.tokenizer_dir(ckpt) if ckpt else None) or "byte")
-        fmt = prompt_format_for(ckpt)
+        tok, fmt = (loaded.tokenizer, loaded.prompt_format) if loaded is not None else (load_tokenizer("byte"),
+                                                                                         PromptFormat())
         pool = [tok.encode(render.render(record, tok, fmt)[0]) for record in read_jsonl(prompts_file, fmt)]
         prompt_length = max(len(p) for p in pool)
         setup["prompts"] = f"{len(pool)} prompts from {os.path.abspath(prompts_file)}"

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..config import PromptFormat
+from ..inference import Inference
 from ..data import render
 from ..nn import model as model_lib
 from .evaluate import MODE_LABELS
@@ -164,12 +164,12 @@ def explain_ar(accuracy: float, errors: dict, heads: dict) -> str:
             f"reference's tokens teacher-forced.")
 
 
-def analyse(params, model_config, tokenizer, records, summary, predictions, slot_sizes,
-            prompt_format: PromptFormat = PromptFormat()) -> dict:
+def analyse(model: Inference, records, summary, predictions, slot_sizes) -> dict:
     """Teacher-forced accuracy of both heads per slot size and by offset within a slot, and per mode
     where its outputs first differ from the reference (answer + EOS); one explanation per mode below AR
     (and for AR's own misses). summary/predictions: `evaluate`'s, with `output_ids`; records rendered with
-    `prompt_format` as in `evaluate`."""
+    the checkpoint's prompt format (`model.prompt_format`) as in `evaluate`."""
+    params, model_config, tokenizer, prompt_format = model.params, model.config, model.tokenizer, model.prompt_format
     eos = model_config.eos_token_id
     examples = []
     for r in records:

@@ -7,7 +7,7 @@ exact-match accuracy (`answers`), wall-clock generated tokens/s (compile time ex
 apart), tokens per forward pass and the speed-up over `ar`. Decoding knobs are `GenerationConfig`
 fields, per mode or for all modes (`parse_knobs`, `ModeKnobs`), typed by `zarya_jax.overrides`.
 Records are rendered by `zarya_jax.data.render` with the checkpoint's recorded `PromptFormat`
-(`prompt_format_for`), so the prompt ids are those the model was trained on.
+(`zarya_jax.inference`), so the prompt ids are those the model was trained on.
 """
 from __future__ import annotations
 
@@ -24,9 +24,8 @@ from tqdm import tqdm
 from .. import overrides as ov
 from ..config import ConfigError, PromptFormat
 from ..data import render
-from ..data.tokenizer import load_tokenizer
 from ..files import atomic_write, atomic_write_json, atomic_write_jsonl
-from ..nn.checkpoint import load_prompt_format, tokenizer_dir
+from ..inference import Inference, prompt_format
 from ..sampling import GenerationConfig, generate
 from ..sampling.config import MODE_KNOBS, ROUTING_FIELDS, check_knobs
 from ..sampling.prompts import bucket_length
@@ -240,22 +239,11 @@ def evaluate_mode(params, config, tokenizer, prompts: list[list[int]], gen_confi
             "tokens_per_forward": float(np.mean(tpf)) if tpf else float("nan")}
 
 
-def evaluate(params, config, tokenizer, records: list[dict], modes: list[str], *, max_new_tokens: int = 64,
-             batch_size: int = 1, knobs: dict | None = None, method: str = "final", pattern: str | None = None,
-             lora_params=None, lora=None, seed: int = 0, progress: bool = True,
-             warmup: bool = True, batch1_examples: int = 0,
-             prompt_format: PromptFormat = PromptFormat()) -> tuple[list[dict], list[dict]]:
-    """Runs every mode on every record, rendered with `prompt_format` (`zarya_jax.data.render`; give the
-    checkpoint's, `prompt_format_for(ckpt)`). Returns (summary rows, per-example prediction rows).
-    warmup=False skips the untimed compile run (for programs already compiled). batch1_examples > 0
-    also decodes the first N records one at a time and reports `tokens_per_s_batch1` (and the speed-up
-    over AR at batch 1): on an accelerator decoding is memory-bound and a pass costs about the same
-    whatever its rows, on a CPU it costs in proportion to them, so both batch sizes are worth reading."""
-    if "spec-lora" in modes and lora_params is None:
-        raise ValueError("mode 'spec-lora' needs a LoRA drafter adapter (--lora DIR)")
-    if batch_size < 1:
-        raise ValueError(f"batch size {batch_size}: expected ≥ 1")
-    check_answer(method, pattern)
+def render_records(records: list[dict], tokenizer, prompt_format: PromptFormat, method: str,
+                   pattern: str | None) -> tuple[list[tuple[str, str]], list[list[int]], list[str | None]]:
+    """(prompt, answer) texts, prompt ids and the reference answers of `records`, rendered with
+    `prompt_format` (`zarya_jax.data.render`); a record that does not render, or an empty prompt, is an
+    error naming the record."""
     pairs = []
     for i, record in enumerate(records):
         try:
@@ -266,24 +254,40 @@ def evaluate(params, config, tokenizer, records: list[dict], modes: list[str], *
     empty = [i for i, p in enumerate(prompts) if not p]
     if empty:
         raise ValueError(f"records {empty[:5]} have empty prompts")
-    golds = [answers.reference(a, method, pattern) for _, a in pairs]
+    return pairs, prompts, [answers.reference(a, method, pattern) for _, a in pairs]
+
+
+def evaluate(model: Inference, records: list[dict], ev: EvalConfig, *, knobs: dict | None = None,
+             progress: bool = True, warmup: bool = True) -> tuple[list[dict], list[dict]]:
+    """Runs every mode of `ev` on every record, rendered with the checkpoint's prompt format
+    (`model.prompt_format`, `zarya_jax.data.render`). Returns (summary rows, per-example prediction rows).
+    knobs: {mode or "*": {GenerationConfig field: value}} (default `ev.knobs`), e.g. those a frontier chose.
+    warmup=False skips the untimed compile run (for programs already compiled). `ev.batch1_examples` > 0
+    also decodes the first N records one at a time and reports `tokens_per_s_batch1` (and the speed-up
+    over AR at batch 1): on an accelerator decoding is memory-bound and a pass costs about the same
+    whatever its rows, on a CPU it costs in proportion to them, so both batch sizes are worth reading.
+    `ev` was validated when it was built; what is checked here needs the model and the records."""
+    method, pattern = ev.answer, ev.answer_regex or None
+    knobs = ev.knobs.as_dict() if knobs is None else knobs
+    if "spec-lora" in ev.modes and model.adapter is None:
+        raise ValueError("mode 'spec-lora' needs a LoRA drafter adapter (--lora DIR)")
+    pairs, prompts, golds = render_records(records, model.tokenizer, model.prompt_format, method, pattern)
     # Every mode against the model and the prompts before any decoding (a missing mask token must not
     # surface only after the AR mode has run).
-    check_mode_knobs(modes, knobs or {})
-    gens = {mode: generation_config(mode, max_new_tokens, knobs) for mode in modes}
+    check_mode_knobs(ev.modes, knobs)
+    gens = {mode: generation_config(mode, ev.max_new_tokens, knobs) for mode in ev.modes}
     for mode, gen in gens.items():
         try:
-            gen.validate(config, prompts)
+            gen.validate(model.config, prompts)
         except ValueError as e:
             raise ValueError(f"mode {mode}: {e}") from None
     summary, predictions = [], []
-    key = jax.random.PRNGKey(seed)
-    for mode in modes:
-        gen = gens[mode]
+    key = jax.random.PRNGKey(ev.seed)
+    for mode in ev.modes:
+        gen, adapter = gens[mode], (model.adapter if mode == "spec-lora" else None)
         bar = _progress_bar(mode, len(prompts)) if progress else None
-        res = evaluate_mode(params, config, tokenizer, prompts, gen, key, batch_size,
-                            lora_params if mode == "spec-lora" else None, lora,
-                            progress=(lambda done, total: bar(done)) if bar else None, warmup=warmup)
+        res = evaluate_mode(model.params, model.config, model.tokenizer, prompts, gen, key, ev.batch_size, adapter,
+                            model.lora, progress=(lambda done, total: bar(done)) if bar else None, warmup=warmup)
         if bar:
             bar(None)
         correct = 0
@@ -299,20 +303,25 @@ def evaluate(params, config, tokenizer, records: list[dict], modes: list[str], *
         row = {"mode": mode, "label": MODE_LABELS[mode], "examples": len(prompts),
                "accuracy": correct / len(prompts), "tokens_per_forward": res["tokens_per_forward"],
                "tokens_per_s": res["tokens_per_s"], "generated_tokens": res["tokens"],
-               "wall_s": res["wall_s"], "compile_s": res["compile_s"], "batch_size": batch_size,
+               "wall_s": res["wall_s"], "compile_s": res["compile_s"], "batch_size": ev.batch_size,
                "generation_config": dataclasses.asdict(gen)}
-        if batch1_examples:
-            one = evaluate_mode(params, config, tokenizer, prompts[:batch1_examples], gen, key, 1,
-                                lora_params if mode == "spec-lora" else None, lora)
+        if ev.batch1_examples:
+            one = evaluate_mode(model.params, model.config, model.tokenizer, prompts[:ev.batch1_examples], gen, key,
+                                1, adapter, model.lora)
             row.update(tokens_per_s_batch1=one["tokens_per_s"], batch1_examples=len(one["lengths"]))
         summary.append(row)
+    return _with_speedups(summary), predictions
+
+
+def _with_speedups(summary: list[dict]) -> list[dict]:
+    """Each row's tokens/s over AR's, at the evaluation batch and at batch 1 where measured (None without AR)."""
     ar = next((r for r in summary if r["mode"] == "ar"), None)
     for r in summary:
         for suffix in ("", "_batch1"):
             base = ar.get(f"tokens_per_s{suffix}") if ar else None
             if f"tokens_per_s{suffix}" in r:
                 r[f"speedup_vs_ar{suffix}"] = r[f"tokens_per_s{suffix}"] / base if base else None
-    return summary, predictions
+    return summary
 
 
 def _progress_bar(mode: str, total: int):
@@ -363,15 +372,5 @@ def write_outputs(out_dir: str, summary: list[dict], predictions: list[dict], ex
     atomic_write_json(os.path.join(out_dir, "summary.json"), {"modes": summary, **(extra or {})})
 
 
-def load_tokenizer_for(ckpt: str, spec: str | None):
-    """`spec` if given; else a tokenizer saved inside the checkpoint directory; else bytes."""
-    if spec:
-        return load_tokenizer(spec)
-    return load_tokenizer(tokenizer_dir(ckpt) or "byte")
-
-
-def prompt_format_for(ckpt: str | None, overrides=(), default: PromptFormat = PromptFormat()) -> PromptFormat:
-    """How to render records for `ckpt`: the format its training recorded (else `default`), with dotted
-    `FIELD=VALUE` overrides (`--format` items or a mapping, typed by `zarya_jax.overrides`)."""
-    recorded = load_prompt_format(ckpt) if ckpt else None
-    return ov.apply(recorded or default, overrides, "--format")
+# Where a checkpoint's prompt format comes from (kept under its former name here).
+prompt_format_for = prompt_format

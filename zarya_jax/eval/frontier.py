@@ -19,9 +19,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
-from ..config import PromptFormat
+from ..inference import Inference
 from ..sampling.generate import static_key
-from .evaluate import MODE_LABELS, evaluate, generation_config
+from .evaluate import MODE_LABELS, EvalConfig, evaluate, generation_config
 
 CORRECTIONS = {"refusion": (False, False), "infill": (True, False), "both": (True, True)}
 
@@ -146,19 +146,17 @@ def pareto(rows: list[dict]) -> list[dict]:
     return out
 
 
-def sweep(params, config, tokenizer, records, points, *, max_new_tokens: int, batch_size: int,
-          method: str = "final", pattern: str | None = None, seed: int = 0, lora_params=None, lora=None,
-          progress=None, prompt_format: PromptFormat = PromptFormat()) -> list[dict]:
-    """Evaluates every (mode, knobs) point on `records` (rendered with `prompt_format`); one row per point
-    with its accuracy, tokens per forward, tokens/s and whether each example was answered correctly (a
-    program shared by several points is compiled and warmed up once). progress(i, n) is called after each point."""
+def sweep(model: Inference, records, points, ev: EvalConfig, progress=None) -> list[dict]:
+    """Evaluates every (mode, knobs) point on `records` with `ev`'s budget, batch, answer extraction and
+    seed; one row per point with its accuracy, tokens per forward, tokens/s and whether each example was
+    answered correctly (a program shared by several points is compiled and warmed up once).
+    progress(i, n) is called after each point."""
     rows, compiled = [], set()
     for i, (mode, knobs) in enumerate(points):
-        key = (mode, static_key(generation_config(mode, max_new_tokens, {mode: knobs})))
-        summary, predictions = evaluate(params, config, tokenizer, records, [mode], max_new_tokens=max_new_tokens,
-                                        batch_size=batch_size, knobs={mode: knobs}, method=method, pattern=pattern,
-                                        seed=seed, lora_params=lora_params, lora=lora, progress=False,
-                                        warmup=key not in compiled, prompt_format=prompt_format)
+        key = (mode, static_key(generation_config(mode, ev.max_new_tokens, {mode: knobs})))
+        one = dataclasses.replace(ev, modes=(mode,), batch1_examples=0)
+        summary, predictions = evaluate(model, records, one, knobs={mode: knobs}, progress=False,
+                                        warmup=key not in compiled)
         compiled.add(key)
         r = summary[0]
         rows.append({"mode": mode, "label": MODE_LABELS[mode], "knobs": dict(knobs), "point": describe(mode, knobs),

@@ -3,8 +3,8 @@
 `python -m experiments.lm_eval --model zarya --model_args ckpt=DIR,mode=slotted,slot_size=8 --tasks TASK`
 (lm-eval's own command line; importing this module registers the model). Model arguments:
 
-- `ckpt` (required): a `zarya_jax.checkpoint` directory; `tokenizer`: a tokenizer directory when the
-  checkpoint has none; `lora`: an adapter directory for `mode=spec-lora`.
+- `ckpt` (required): a `zarya_jax.checkpoint` directory, read by `zarya_jax.inference.load_for_inference`;
+  `tokenizer`: a tokenizer directory (wins over the checkpoint's own); `lora`: an adapter directory for `mode=spec-lora`.
 - `mode`: an evaluation mode of `zarya_jax.eval.evaluate` (`ar`, `mdm`, `slotted`, `spec-self`,
   `spec-lora`) for `generate_until`; any other `key=value` is a `GenerationConfig` knob (`slot_size=8`,
   `draft_length=4`, `temperature=0.7`, …), typed and checked like `evaluate --knob`. A knob given here
@@ -43,15 +43,14 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
-from .. import checkpoint
-from .. import lora as lora_lib
 from .. import overrides as ov
 from ..config import ConfigError
 from ..data import render
+from ..inference import load_for_inference
 from ..nn import model as model_lib
 from ..sampling import GenerationConfig, generate
 from ..sampling.prompts import bucket_length
-from .evaluate import MODES, generation_config, load_tokenizer_for, prompt_format_for
+from .evaluate import MODES, generation_config
 
 
 @functools.partial(jax.jit, static_argnums=(1,))
@@ -90,19 +89,16 @@ class ZaryaLM(LM):
         self.knobs = {k: v for k, v in knobs.items() if not k.startswith("format.")}
         self.mode, self.batch_size, self.seed, self.render = mode, int(batch_size), int(seed), bool(render)
         self.length_bucket = int(length_bucket)
-        self.format = prompt_format_for(ckpt, formats)
         generation_config(mode, 1, {"*": self.knobs})  # typos and bad values fail here, before any request
-        self.params, self.config = checkpoint.load(ckpt)
-        self.tokenizer = load_tokenizer_for(ckpt, tokenizer)
+        if mode == "spec-lora" and not lora:
+            raise ConfigError("mode=spec-lora needs lora=ADAPTER_DIR")
+        model = load_for_inference(ckpt, tokenizer=tokenizer, adapter=lora if mode == "spec-lora" else None,
+                                   format_overrides=formats)
+        self.params, self.config, self.tokenizer, self.format = model.params, model.config, model.tokenizer, \
+            model.prompt_format
         self.max_length = int(max_length) or min(2048, self.config.max_position_embeddings)
-        self.lora_kwargs = {}
-        if mode == "spec-lora":
-            if not lora:
-                raise ConfigError("mode=spec-lora needs lora=ADAPTER_DIR")
-            adapter, lora_cfg = lora_lib.load(lora)
-            lora_lib.check_lora(adapter, self.config, lora_cfg)
-            self.lora_kwargs = {"lora_params": adapter, "lora": lora_cfg}
-        self.ckpt = os.path.abspath(ckpt)
+        self.lora_kwargs = model.lora_kwargs
+        self.ckpt = model.ckpt
 
     # ---------------------------------------------------------------- lm-eval's model interface
 

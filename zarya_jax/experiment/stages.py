@@ -1,0 +1,238 @@
+"""The experiment's stages, each a function of its own section returning a typed value:
+
+    prepare_data(task, …)      -> Splits          the task's train / validation / test files
+    train(config, splits, …)   -> Trained         the trainer's sections: a checkpoint and its summary
+    train_drafter(config, …)   -> Inference       Uno's LoRA drafter on the frozen checkpoint (spec-lora)
+    choose_knobs(eval, frontier, …) -> (knobs, Frontier | None)   per mode, on the validation split
+    evaluate(eval, …)          -> [ModeResult], predictions       the test split at the chosen knobs
+    diagnose(zarya, …)         -> dict            why a mode loses accuracy
+    targets(goals, …)          -> [Target]        the goals, measured
+
+`zarya_jax.experiment.run` chains them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+from ..config import PromptFormat
+from ..eval import diagnose as diagnose_lib
+from ..eval import evaluate as evaluate_lib
+from ..eval import frontier as frontier_lib
+from ..eval import tasks
+from ..eval.evaluate import MODE_LABELS, EvalConfig
+from ..eval.frontier import FrontierConfig
+from ..inference import Inference
+from ..nn import lora as lora_lib
+from ..train import drafter as drafter_run
+from ..train.config import RunConfig
+from ..train.loop import train as train_loop
+from ..train.metrics import read_metrics
+from ..train.optim import OptimConfig
+from ..train.preemption import Interrupted
+from .config import ExperimentConfig, GoalsSection, TaskSection
+from .results import Frontier, FrontierPoint, ModeResult, Target, TrainSummary
+
+
+class TrainingInterrupted(Interrupted):
+    """Training was stopped by a signal after saving a checkpoint (not a failure of the run)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Splits:
+    """The data files: `val` is None when there is no validation split."""
+
+    train: str
+    val: str | None
+    test: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Trained:
+    """A finished training: its exported checkpoint, its summary and its loss curve [(step, loss)]."""
+
+    ckpt: str
+    summary: TrainSummary
+    loss_curve: list
+
+
+def prepare_data(task: TaskSection, workdir: str, *, fmt: PromptFormat = PromptFormat(),
+                 need_val: bool = True) -> Splits:
+    """The task's splits (generated deterministically into `workdir/data`), or the user's files, with
+    the validation split held out from the end of the train file (records read with `fmt`) when one is
+    needed and no `task.val_file` is given."""
+    if task.train_file:
+        for path in (task.train_file, task.test_file, task.val_file):
+            if path and not os.path.isfile(path):
+                raise FileNotFoundError(f"data file {path!r} does not exist")
+        if task.val_file or not task.num_val or not need_val:
+            return Splits(task.train_file, task.val_file or None, task.test_file)
+        records = tasks.read_jsonl(task.train_file, fmt)
+        if len(records) <= task.num_val:
+            raise ValueError(f"task.train_file {task.train_file!r} has {len(records)} records: too few to hold out "
+                             f"task.num_val={task.num_val} for validation (give task.val_file, or lower task.num_val)")
+        out = os.path.join(workdir, "data")
+        splits = Splits(os.path.join(out, "train.jsonl"), os.path.join(out, "val.jsonl"), task.test_file)
+        tasks.write_jsonl(splits.val, records[-task.num_val:])
+        tasks.write_jsonl(splits.train, records[:-task.num_val])
+        return splits
+    paths = tasks.write_splits(os.path.join(workdir, "data"), task.num_train, task.num_test, task.seed,
+                               task.difficulty, task.num_val)
+    return Splits(paths["train"], paths.get("val"), paths["test"])
+
+
+def run_config(config: RunConfig, splits: Splits) -> RunConfig:
+    """The trainer's `RunConfig` with the data files filled in (the validation split is the trainer's
+    eval set only when the run evaluates during training)."""
+    data = dataclasses.replace(config.data, train=(splits.train,),
+                               eval=(splits.val,) if config.train.eval_every else ())
+    return config.run_config().replace(data=data)
+
+
+def loss_curve(train_dir: str) -> list[tuple[int, float]]:
+    try:
+        rows = read_metrics(train_dir)
+    except FileNotFoundError:
+        return []
+    return [(int(r["step"]), float(r["loss"])) for r in rows if "loss" in r and "step" in r]
+
+
+def train(config: RunConfig, splits: Splits, workdir: str, *, hooks=(), force: bool = False) -> Trained:
+    """Trains the trainer's sections of `config` into `workdir/train` (resuming a checkpoint of the same
+    run, or any with `force`). The run's tracker name (`train.tracker_run`) defaults to the workdir's.
+    A signal that stops training raises `TrainingInterrupted` (a sweep must not carry on; a rerun resumes)."""
+    run = run_config(config, splits)
+    if not run.train.tracker_run:
+        run = run.replace(train=dataclasses.replace(run.train, tracker_run=os.path.basename(os.path.abspath(workdir))))
+    train_dir = os.path.join(workdir, "train")
+    summary = train_loop(run, train_dir, hooks=hooks, force=force)
+    if summary["status"] != "completed":
+        raise TrainingInterrupted(f"training stopped by signal {summary.get('signal')} at step {summary['step']}; "
+                                  "rerun the same command to resume", summary.get("signal"))
+    return Trained(summary["final_params"], TrainSummary.from_json(summary), loss_curve(train_dir))
+
+
+def drafter_config(config: ExperimentConfig, base: Inference, train_file: str) -> drafter_run.DrafterRunConfig:
+    """The drafter's run, from the experiment's own sections: its `drafter` section (adapter, optimizer,
+    steps, batch, blocks), the experiment's data, mesh and train settings, and the base checkpoint's
+    tokenizer and prompt format (the adapter must read the ids the base model reads)."""
+    d = config.drafter
+    data = dataclasses.replace(config.data, train=(train_file,), eval=(), tokenizer=base.tokenizer_spec,
+                               batch_size=d.batch_size, **dataclasses.asdict(base.prompt_format))
+    run = dataclasses.replace(config.train, steps=d.steps, eval_every=0, save_every=0, init_from="",
+                              export_final=False, async_checkpointing=False)
+    return drafter_run.DrafterRunConfig(
+        model=config.model, zarya=config.zarya, mesh=config.mesh, data=data, train=run,
+        optim=OptimConfig(lr=d.lr, warmup_steps=d.warmup_steps, schedule="cosine", weight_decay=0.0),
+        lora=d.lora_config(), drafter=d.objective_config())
+
+
+def train_drafter(config: ExperimentConfig, base: Inference, train_file: str, workdir: str, *,
+                  force: bool = False) -> Inference:
+    """Trains Uno's gated-LoRA drafter on the frozen checkpoint (SPEC §7) into `workdir/drafter`; returns
+    `base` with the adapter."""
+    out = os.path.join(workdir, "drafter")
+    summary = drafter_run.train_drafter(drafter_config(config, base, train_file), base.ckpt, out, force=force)
+    if summary["status"] != "completed":
+        raise TrainingInterrupted(f"drafter training stopped by signal {summary.get('signal')}; rerun to resume",
+                                  summary.get("signal"))
+    adapter, lora = lora_lib.load(os.path.join(out, "adapter"), verify=config.train.verify_checkpoints)
+    lora_lib.check_lora(adapter, base.config, lora)
+    return dataclasses.replace(base, adapter=adapter, lora=lora)
+
+
+def _bar(desc: str, total: int):
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, unit="pt", leave=False, file=sys.stderr)
+
+
+def choose_knobs(ev: EvalConfig, fc: FrontierConfig, model: Inference, val_records: list[dict],
+                 progress: bool = True) -> tuple[dict[str, dict], Frontier | None]:
+    """Per mode, the decoding knobs to report on test: chosen on the validation frontier (returned too),
+    or `eval.knobs` when the frontier is off."""
+    if not fc.enabled:
+        return {m: k for m, k in ev.knobs.as_dict().items() if m in ev.modes}, None
+    points = frontier_lib.grid_points(fc, ev.modes, ev.max_new_tokens)
+    bar = _bar("frontier (validation)", len(points)) if progress else None
+    rows = frontier_lib.sweep(model, val_records, points, ev, progress=(lambda i, n: bar.update(1)) if bar else None)
+    if bar:
+        bar.close()
+    chosen = frontier_lib.choose(rows, fc.tolerance)
+    front = Frontier(points=[FrontierPoint.from_json(r) for r in rows],
+                     chosen={m: FrontierPoint.from_json(r) for m, r in chosen.items()},
+                     validation_examples=len(val_records))
+    return {m: chosen[m]["knobs"] for m in ev.modes}, front
+
+
+def evaluate(ev: EvalConfig, model: Inference, records: list[dict], knobs: dict[str, dict],
+             front: Frontier | None = None, progress: bool = True) -> tuple[list[ModeResult], list[dict]]:
+    """Every mode of `ev` on the test records at `knobs`; each result carries its knobs (and their
+    validation accuracy when a frontier chose them). Also returns the per-example predictions."""
+    summary, predictions = evaluate_lib.evaluate(model, records, ev, knobs=knobs, progress=progress)
+    results = []
+    for row in summary:
+        chosen = knobs.get(row["mode"], {})
+        results.append(dataclasses.replace(
+            ModeResult.from_json(row), knobs=chosen, point=frontier_lib.describe(row["mode"], chosen) if chosen else "",
+            validation_accuracy=front.chosen[row["mode"]].accuracy if front is not None else None))
+    return results, predictions
+
+
+def diagnose(zarya, model: Inference, records: list[dict], results: list[ModeResult], predictions: list[dict]) -> dict:
+    """`zarya_jax.eval.diagnose.analyse` at the training's slot sizes (`zarya.slot_size_set`) and mode B's."""
+    slot_sizes = sorted(set(zarya.slot_size_set) | {r.generation_config["slot_size"] for r in results
+                                                    if r.mode == "slotted"})
+    return diagnose_lib.analyse(model, records, [r.to_json() for r in results], predictions, slot_sizes)
+
+
+def targets(goals: GoalsSection, results: list[ModeResult], predictions: list[dict]) -> list[Target]:
+    """The goals, each with the measured value (test split) and whether it is met."""
+    by = {r.mode: r for r in results}
+    out = []
+    ar = by.get("ar")
+    if ar:
+        out.append(Target(f"AR exact match ≥ {100 * goals.ar_accuracy:g}% (stretch {100 * goals.ar_accuracy_stretch:g}%)",
+                          ar.accuracy, ar.accuracy >= goals.ar_accuracy))
+    r = by.get("slotted")
+    if r and ar:
+        out.append(Target(f"mode B (chosen on validation): ≥ {goals.slotted_tokens_per_forward:.1f} tokens per forward",
+                          r.tokens_per_forward, r.tokens_per_forward >= goals.slotted_tokens_per_forward))
+        out.append(Target(f"mode B: accuracy within {100 * goals.slotted_accuracy_gap:g} points of AR",
+                          r.accuracy - ar.accuracy, r.accuracy >= ar.accuracy - goals.slotted_accuracy_gap))
+    for mode in ("spec-self", "spec-lora"):
+        r = by.get(mode)
+        if r and ar:
+            outs = {p["index"]: p["output_ids"] for p in predictions if p["mode"] == mode}
+            same = all(outs.get(p["index"]) == p["output_ids"] for p in predictions if p["mode"] == "ar")
+            out.append(Target(f"{MODE_LABELS[mode]}: outputs identical to AR token for token (lossless)",
+                              r.accuracy - ar.accuracy, same and r.accuracy == ar.accuracy))
+            if mode == "spec-self":
+                out.append(Target(f"{MODE_LABELS[mode]}: ≥ {goals.spec_self_tokens_per_forward:.1f} tokens per forward",
+                                  r.tokens_per_forward, r.tokens_per_forward >= goals.spec_self_tokens_per_forward))
+    return out
+
+
+def calibrate_steps(config: ExperimentConfig, workdir: str, minutes: float) -> int:
+    """Training steps that fit `minutes` (> 0) on this machine: times a short throwaway run of the experiment's
+    model (compile excluded) and divides. The curriculum and LR schedule need the total up front, hence
+    the measurement."""
+    import shutil
+    import time
+
+    from .. import overrides
+    from ..train.hooks import OnStep
+
+    splits = prepare_data(config.task, workdir, fmt=PromptFormat.of(config.data), need_val=config.frontier.enabled)
+    probe = overrides.apply(config, {
+        "train.steps": 12, "train.save_every": 0, "train.export_final": False, "train.progress_bar": False,
+        "train.log_every": 0, "train.eval_every": 0, "zarya.slot_size_set": [config.zarya.slot_size_set[-1]],
+        "zarya.slot_step_borders": [1.0]})
+    times: list[float] = []
+    scratch = os.path.join(workdir, "calibration")
+    shutil.rmtree(scratch, ignore_errors=True)
+    train_loop(run_config(probe, Splits(splits.train, None, "")), scratch,
+               hooks=[OnStep(lambda event: times.append(time.perf_counter()))])
+    shutil.rmtree(scratch, ignore_errors=True)
+    per_step = (times[-1] - times[3]) / (len(times) - 4)
+    return max(1, int(minutes * 60 / per_step))
