@@ -15,8 +15,10 @@ the cache's valid rows plus the window itself and returns the window's own K/V,
 `[layers, batch, window, kv_heads, head_dim]`, so the caller decides which rows to commit.
 
 Gated LoRA (SPEC §7): with `lora` set, each of the seven projections carries an adapter in the
-separate variable collection `'lora'`, applied only on rows where `gate` is true; gate-off rows are
-bit-identical to the base model.
+separate variable collection `'lora'`, selected (`where`, not multiplied by the gate) only on rows where
+`gate` is true: a gate-off row computes the base projection exactly, whatever the adapter holds (NaN,
+inf, 1e30), and so does every row that attends only to gate-off rows (a gated row's non-finite V is
+zeroed, since a masked key's weight 0 times NaN is still NaN).
 """
 from __future__ import annotations
 
@@ -139,6 +141,11 @@ class Block(nn.Module):
         q = proj("q_proj", (d,), (h, hd))(y, gate)
         k = proj("k_proj", (d,), (kvh, hd))(y, gate)
         v = proj("v_proj", (d,), (kvh, hd))(y, gate)
+        if self.lora is not None:
+            # A masked key weighs exactly 0 in attention, but 0 · NaN = NaN in the weighted sum: a gated
+            # row's non-finite value (a NaN or overflowing adapter) would reach gate-off rows that never
+            # attend to it. Zeroing it keeps those rows the base model's, bit for bit.
+            v = jnp.where(gate[..., None, None] & ~jnp.isfinite(v), jnp.zeros_like(v), v)
         q = checkpoint_name(rope(RMSNorm(c.rms_norm_eps, pdt, name="q_norm")(q), positions, c.rope_theta), "q")
         k = checkpoint_name(rope(RMSNorm(c.rms_norm_eps, pdt, name="k_norm")(k), positions, c.rope_theta), "k")
         v = checkpoint_name(v, "v")
