@@ -57,6 +57,40 @@ def test_gate_off_bit_identical_gate_on_differs(tiny_config, tiny_params, adapte
     assert not np.allclose(np.asarray(mixed)[np.asarray(gate)], np.asarray(base)[np.asarray(gate)], atol=1e-4)
 
 
+POISONS = [("nan", np.nan, 32.0), ("inf", np.inf, 32.0), ("huge", 1e30, 32.0), ("nan-alpha", 0.05, float("nan"))]
+
+
+@pytest.mark.parametrize("name,value,alpha", POISONS)
+def test_gate_off_rows_are_the_base_model_whatever_the_adapter_holds(tiny_config, tiny_params, name, value, alpha):
+    """The gate selects the update, it does not multiply it (0 · NaN = NaN): with an adapter of NaN, inf or
+    1e30 arrays, or alpha=nan, gate-off rows equal `model.forward` bit for bit — also when they share the
+    window with gated rows they do not attend to (a drafter-training pair: gated noisy half, clean half)."""
+    poisoned = jax.tree.map(lambda x: jnp.full_like(x, value), lora_lib.init_lora(tiny_config, LORA,
+                                                                                  jax.random.PRNGKey(1)))
+    lora = LoraConfig(rank=LORA.rank, alpha=alpha)
+    n = 8
+    tokens = jax.random.randint(jax.random.PRNGKey(6), (2, n), 0, 256)
+    run = jax.jit(lambda a, lora, t, g, m, pos: model_lib.apply(tiny_params, tiny_config, t, pos, gate=g,
+                                                                lora_params=a, lora=lora, window_mask=m)[0],
+                  static_argnums=1)
+    ref = np.asarray(model_lib.forward(tiny_params, tiny_config, tokens))
+    off = model_lib.apply(tiny_params, tiny_config, tokens, gate=jnp.zeros((2, n), bool), lora_params=poisoned,
+                          lora=lora)[0]
+    np.testing.assert_array_equal(np.asarray(off), ref)
+
+    # [noisy copy, gate on | clean copy, gate off], each half causal within itself only
+    pair = jnp.concatenate([tokens, tokens], 1)
+    pos = jnp.broadcast_to(jnp.concatenate([jnp.arange(n), jnp.arange(n)]), (2, 2 * n))
+    half = jnp.arange(2 * n) // n
+    mask = (half[:, None] == half[None, :]) & (jnp.arange(2 * n)[:, None] >= jnp.arange(2 * n)[None, :])
+    mask = jnp.broadcast_to(mask, (2, 2 * n, 2 * n))
+    gate = jnp.broadcast_to(half == 0, (2, 2 * n))
+    clean = np.asarray(run(poisoned, lora, pair, gate, mask, pos))[:, n:]
+    harmless = np.asarray(run(jax.tree.map(jnp.zeros_like, poisoned), LORA, pair, gate, mask, pos))[:, n:]
+    np.testing.assert_array_equal(clean, harmless)
+    np.testing.assert_allclose(clean, ref, atol=1e-5, rtol=1e-5)
+
+
 def test_merge_equals_gate_on_everywhere(tiny_config, tiny_params, adapter):
     tokens = jax.random.randint(jax.random.PRNGKey(5), (2, 9), 0, 256)
     gated, _ = jax.jit(lambda p, a, t: model_lib.apply(p, tiny_config, t, gate=jnp.ones((2, 9), bool),
