@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from ..config import LoraConfig, ModelConfig
-from . import attention
+from . import attention, hf_params
 from .partitioning import spec_for
 
 Array = jax.Array
@@ -249,7 +249,8 @@ def apply(params, config: ModelConfig, tokens: Array, positions: Array | None = 
 
 def forward(params, config: ModelConfig, tokens: Array, positions: Array | None = None) -> Array:
     """Plain causal forward (through `config.attention`): logits float32 [b, l, v]; positions default to
-    arange(l)."""
+    arange(l). Params of another config are a `ShapeError` naming the first param that does not fit."""
+    hf_params.check_params(params, config)  # shapes only: also under jit, where it runs once per trace
     logits, _ = apply(params, config, jnp.asarray(tokens, jnp.int32),
                       None if positions is None else jnp.asarray(positions, jnp.int32))
     return logits
