@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slot-sizes", default="2,4,8", help="slot sizes of the --diagnose teacher-forced MDM accuracy")
     add_format_arguments(p)
     p.add_argument("--out", default=None, help="output directory (default: <ckpt>_eval)")
-    p.add_argument("--no-verify", action="store_true", help="load the checkpoint without checking its checksums")
+    p.add_argument("--no-verify", action="store_true", help="load the checkpoint (and --lora adapter) without checking their checksums")
     return p
 
 
@@ -137,7 +137,7 @@ def _run(args) -> int:
     tokenizer = load_tokenizer_for(args.ckpt, args.tokenizer)
     lora_params = lora_cfg = None
     if args.lora:
-        lora_params, lora_cfg = lora_lib.load(args.lora)
+        lora_params, lora_cfg = lora_lib.load(args.lora, verify=not args.no_verify)
         lora_lib.check_lora(lora_params, config, lora_cfg)
     summary, predictions = evaluate(params, config, tokenizer, records, modes,
                                     max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,

@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", default=None, help="also write JSONL records here")
     add_format_arguments(p)
-    p.add_argument("--no-verify", action="store_true", help="load the checkpoint without checking its checksums")
+    p.add_argument("--no-verify", action="store_true", help="load the checkpoint (and --lora adapter) without checking their checksums")
     return p
 
 
@@ -138,7 +138,7 @@ def _run(args) -> int:
     gc.validate(config, prompts)
     lora_kwargs = {}
     if gc.resolved_mode == "spec" and gc.drafter == "lora":
-        lora_params, lora_cfg = lora_lib.load(args.lora)
+        lora_params, lora_cfg = lora_lib.load(args.lora, verify=not args.no_verify)
         lora_lib.check_lora(lora_params, config, lora_cfg)
         lora_kwargs = dict(lora_params=lora_params, lora=lora_cfg)
     key = jax.random.PRNGKey(args.seed)
