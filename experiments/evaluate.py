@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slot-sizes", default="2,4,8", help="slot sizes of the --diagnose teacher-forced MDM accuracy")
     add_format_arguments(p)
     p.add_argument("--out", default=None, help="output directory (default: <ckpt>_eval)")
-    p.add_argument("--no-verify", action="store_true", help="load the checkpoint (and --lora adapter) without checking their checksums")
+    p.add_argument("--no-verify", action="store_true",
+                   help="load the checkpoint (and --lora adapter) without checking their checksums")
     return p
 
 
