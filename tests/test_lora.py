@@ -1,5 +1,6 @@
 """Gated-LoRA adapter params (SPEC §7): structure, gate semantics (a poisoned adapter cannot touch gate-off
 rows), save/load with the checks a checkpoint gets, merge."""
+import functools
 import json
 
 import jax
@@ -63,6 +64,17 @@ def test_gate_off_bit_identical_gate_on_differs(tiny_config, tiny_params, adapte
     assert not np.allclose(np.asarray(mixed)[np.asarray(gate)], np.asarray(base)[np.asarray(gate)], atol=1e-4)
 
 
+@functools.partial(jax.jit, static_argnames="config")
+def _forward(params, tokens, *, config):
+    return model_lib.forward(params, config, tokens)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "lora"))
+def _gated(params, adapter, tokens, positions, gate, window_mask, *, config, lora):
+    return model_lib.apply(params, config, tokens, positions, gate=gate, window_mask=window_mask,
+                           lora_params=adapter, lora=lora)[0]
+
+
 POISONS = [("nan", np.nan, 32.0), ("inf", np.inf, 32.0), ("huge", 1e30, 32.0), ("nan-alpha", 0.05, float("nan"))]
 
 
@@ -76,12 +88,8 @@ def test_gate_off_rows_are_the_base_model_whatever_the_adapter_holds(tiny_config
     lora = LoraConfig(rank=LORA.rank, alpha=alpha)
     n = 8
     tokens = jax.random.randint(jax.random.PRNGKey(6), (2, n), 0, 256)
-    run = jax.jit(lambda a, lora, t, g, m, pos: model_lib.apply(tiny_params, tiny_config, t, pos, gate=g,
-                                                                lora_params=a, lora=lora, window_mask=m)[0],
-                  static_argnums=1)
-    ref = np.asarray(model_lib.forward(tiny_params, tiny_config, tokens))
-    off = model_lib.apply(tiny_params, tiny_config, tokens, gate=jnp.zeros((2, n), bool), lora_params=poisoned,
-                          lora=lora)[0]
+    ref = np.asarray(_forward(tiny_params, tokens, config=tiny_config))
+    off = _gated(tiny_params, poisoned, tokens, None, jnp.zeros((2, n), bool), None, config=tiny_config, lora=lora)
     np.testing.assert_array_equal(np.asarray(off), ref)
 
     # [noisy copy, gate on | clean copy, gate off], each half causal within itself only
@@ -91,8 +99,9 @@ def test_gate_off_rows_are_the_base_model_whatever_the_adapter_holds(tiny_config
     mask = (half[:, None] == half[None, :]) & (jnp.arange(2 * n)[:, None] >= jnp.arange(2 * n)[None, :])
     mask = jnp.broadcast_to(mask, (2, 2 * n, 2 * n))
     gate = jnp.broadcast_to(half == 0, (2, 2 * n))
-    clean = np.asarray(run(poisoned, lora, pair, gate, mask, pos))[:, n:]
-    harmless = np.asarray(run(jax.tree.map(jnp.zeros_like, poisoned), LORA, pair, gate, mask, pos))[:, n:]
+    clean = np.asarray(_gated(tiny_params, poisoned, pair, pos, gate, mask, config=tiny_config, lora=lora))[:, n:]
+    harmless = np.asarray(_gated(tiny_params, jax.tree.map(jnp.zeros_like, poisoned), pair, pos, gate, mask,
+                                 config=tiny_config, lora=LORA))[:, n:]
     np.testing.assert_array_equal(clean, harmless)
     np.testing.assert_allclose(clean, ref, atol=1e-5, rtol=1e-5)
 
