@@ -50,7 +50,12 @@ def _number(x: float):
 
 
 def to_peft(adapter: dict, lora: LoraConfig, base_model: str | None = None) -> tuple[dict[str, np.ndarray], dict]:
-    """(PEFT tensors by name, adapter_config.json dict) of our adapter; the factors are transposed, not cast."""
+    """(PEFT tensors by name, adapter_config.json dict) of our adapter; the factors are transposed, not cast.
+    An adapter with a non-finite array or alpha is refused (`lora.check_values`): JSON has no NaN."""
+    try:
+        lora_lib.check_values(adapter, lora, "LoRA adapter")
+    except ValueError as e:
+        raise ConversionError(str(e)) from None
     tensors = {}
     for proj in lora_lib.PROJECTIONS:
         a, b = (np.asarray(adapter["layers"][proj][k]) for k in ("a", "b"))
@@ -78,8 +83,11 @@ def _check_config(config: dict, where: str) -> tuple[int, float]:
                               f"adapter must be a plain LoRA (no DoRA, bias, extra modules, per-module ranks, "
                               f"fan_in_fan_out=false)")
     r, alpha = config.get("r"), config.get("lora_alpha")
-    if not isinstance(r, int) or r < 1 or not isinstance(alpha, (int, float)):
-        raise ConversionError(f"{where}: r={r!r}, lora_alpha={alpha!r}: expected a positive integer and a number")
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+        raise ConversionError(f"{where}: {CONFIG_FILE} field 'r' is {r!r}: expected a positive integer")
+    # Python's json reads NaN and Infinity, which no trained adapter has
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
+        raise ConversionError(f"{where}: {CONFIG_FILE} field 'lora_alpha' is {alpha!r}: expected a finite number > 0")
     return r, float(alpha) * (math.sqrt(r) if config.get("use_rslora") else 1.0)
 
 
@@ -125,6 +133,10 @@ def from_peft(tensors: dict[str, np.ndarray], config: dict, noise: str = "unifor
         adapter["layers"][proj] = {"a": a, "b": b}
     if model_config is not None:
         lora_lib.check_lora(adapter, model_config, lora)
+    try:
+        lora_lib.check_values(adapter, lora, f"{where} ({WEIGHTS_FILE})")
+    except ValueError as e:
+        raise ConversionError(str(e)) from None
     return adapter, lora
 
 
@@ -132,7 +144,7 @@ def write(out_dir: str, tensors: dict[str, np.ndarray], config: dict, noise: str
     """Writes the PEFT files and the side file into `out_dir` (an existing, empty staging directory)."""
     save_file(tensors, os.path.join(out_dir, WEIGHTS_FILE), metadata={"format": "pt"})
     with open(os.path.join(out_dir, CONFIG_FILE), "w") as f:
-        json.dump(config, f, indent=2)
+        json.dump(config, f, indent=2, allow_nan=False)  # strict JSON: NaN is not JSON, other readers refuse it
     with open(os.path.join(out_dir, SIDE_FILE), "w") as f:
         json.dump({"format": "zarya_jax.lora/1", "noise": noise}, f, indent=2)
 

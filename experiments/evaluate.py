@@ -92,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_format_arguments(p)
     cli.add_set_flag(p, "eval.limit=5")
     p.add_argument("--out", default=None, help="output directory (default: <ckpt>_eval)")
-    p.add_argument("--no-verify", action="store_true", help="load the checkpoint without checking its checksums")
+    p.add_argument("--no-verify", action="store_true",
+                   help="load the checkpoint (and --lora adapter) without checking their checksums")
     return p
 
 

@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", default=None, help="also write JSONL records here")
     add_format_arguments(p)
-    p.add_argument("--no-verify", action="store_true", help="load the checkpoint without checking its checksums")
+    p.add_argument("--no-verify", action="store_true",
+                   help="load the checkpoint (and --lora adapter) without checking their checksums")
     return p
 
 

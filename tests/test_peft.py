@@ -3,6 +3,7 @@ package: the Hugging Face Qwen3 exported by `conversion.jax_to_hf` plus the conv
 gives the JAX drafter's gate-on logits; an adapter made by PEFT itself imports to the same logits; both
 round trips are exact and keep the noise convention."""
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -11,13 +12,15 @@ import pytest
 import torch
 from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model
-from safetensors.numpy import load_file
+from safetensors.numpy import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from conversion import jax_to_hf, lora_to_peft, peft_to_lora
+from conversion import ConversionError, jax_to_hf, lora_to_peft, peft_to_lora
+from conversion.peft import to_peft
 from zarya_jax import checkpoint, lora
 from zarya_jax.config import LoraConfig
 from zarya_jax.model import apply, init_params
+from zarya_jax.nn.integrity import array_checksums
 from zarya_jax.testing import tiny_config
 
 CONFIG = tiny_config(tie_word_embeddings=False)
@@ -117,3 +120,54 @@ def test_unsupported_peft_adapters_are_one_error_line(models, tmp_path, capsys):
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "already exists" in err[0]
     assert not (tmp_path / "o").exists()
+
+
+def test_non_finite_adapters_are_refused_both_ways(models, tmp_path, capsys):
+    """No conversion writes what no training produces: `lora_to_peft` refuses an adapter with a NaN array
+    (valid checksums) and `to_peft` an alpha of NaN, so adapter_config.json is always strict JSON;
+    `peft_to_lora` refuses NaN/inf lora_alpha, a boolean r and NaN factors. One error line each, naming
+    the file and the field, nothing written."""
+    d = models["dir"]
+    strict = json.loads((d / "peft" / "adapter_config.json").read_text(),
+                        parse_constant=lambda c: pytest.fail(f"{c} in adapter_config.json"))
+    assert strict["lora_alpha"] == 8
+
+    poisoned = {"layers": {**models["adapter"]["layers"], "k_proj": {
+        "a": jnp.full_like(models["adapter"]["layers"]["k_proj"]["a"], jnp.nan),
+        "b": models["adapter"]["layers"]["k_proj"]["b"]}}}
+    flat = {f"layers.{p}.{k}": np.asarray(v, np.float32) for p, f in poisoned["layers"].items() for k, v in f.items()}
+    (tmp_path / "nan").mkdir()
+    meta = {**lora.metadata(d / "adapter"), "checksums": json.dumps(array_checksums(flat))}
+    save_file(flat, str(tmp_path / "nan" / lora.ADAPTER_FILE), metadata=meta)
+    with pytest.raises(ConversionError, match="alpha=nan"):
+        to_peft(models["adapter"], LoraConfig(rank=4, alpha=float("nan")))
+
+    config = json.loads((d / "peft" / "adapter_config.json").read_text())
+    weights = load_file(str(d / "peft" / "adapter_model.safetensors"))
+
+    def peft_dir(name, cfg=config, tensors=weights):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "adapter_config.json").write_text(json.dumps(cfg))  # json writes NaN as NaN
+        save_file(tensors, str(tmp_path / name / "adapter_model.safetensors"))
+        return str(tmp_path / name)
+
+    nan_factor = dict(weights)
+    name = "base_model.model.model.layers.0.mlp.up_proj.lora_B.weight"
+    nan_factor[name] = np.full_like(weights[name], np.nan)
+    runs = [
+        (lora_to_peft, ["--adapter", str(tmp_path / "nan")], r"layers\.k_proj\.a holds \d+ non-finite"),
+        (peft_to_lora, ["--peft", peft_dir("alpha-nan", {**config, "lora_alpha": float("nan")})],
+         "field 'lora_alpha' is nan: expected a finite number > 0"),
+        (peft_to_lora, ["--peft", peft_dir("alpha-inf", {**config, "lora_alpha": float("inf")})],
+         "field 'lora_alpha' is inf"),
+        (peft_to_lora, ["--peft", peft_dir("r-bool", {**config, "r": True})], "field 'r' is True"),
+        (peft_to_lora, ["--peft", peft_dir("nan-factor", tensors=nan_factor)],
+         r"adapter_model\.safetensors\).*layers\.up_proj\.b holds \d+ non-finite"),
+    ]
+    for i, (command, args, message) in enumerate(runs):
+        capsys.readouterr()
+        assert command.main(args + ["--out", str(tmp_path / f"out{i}")]) == 2, args
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and err[0].startswith("error: "), err
+        assert re.search(message, err[0]) and args[1] in err[0], (message, err[0])
+        assert not (tmp_path / f"out{i}").exists()

@@ -109,3 +109,46 @@ def test_no_recompile_and_uncached(run_ar):
     ref = generate(params, config, other, gc, jax.random.PRNGKey(1), use_cache=False)
     np.testing.assert_array_equal(out2.tokens, ref.tokens)
     np.testing.assert_array_equal(out2.lengths, ref.lengths)
+
+
+def test_array_prompts_match_hf_generate(run_ar):
+    """A `[B, L]` integer array (NumPy or jax), or a list of 1-D arrays, is B prompts: greedy tokens equal
+    Hugging Face's for each row. Arrays that are not 2-D integer ids are refused by name."""
+    hf, config, params, gc, eos, _ = run_ar
+    rows = np.asarray([p[:2] for p in PROMPTS], np.int64)
+    want = [hf_greedy(hf, r.tolist(), eos) for r in rows]
+    for prompts in (rows, jnp.asarray(rows, jnp.int32), list(rows.astype(np.uint16))):
+        out = generate(params, config, prompts, gc, jax.random.PRNGKey(0), debug=True)
+        assert [out.tokens[b, :out.lengths[b]].tolist() for b in range(len(rows))] == want, type(prompts)
+    bad = {"float": (rows.astype(np.float32), "integer dtype, got float32"),
+           "bool": (rows > 5, "integer dtype, got bool"),
+           "1-d": (rows[0], r"2-D \[B, L\].*int64\(2,\)"),
+           "3-d": (rows[None], r"2-D \[B, L\].*int64\(1, 3, 2\)"),
+           "empty": (rows[:0], "non-empty"),
+           "vocab": (rows + config.vocab_size, "outside the vocabulary")}
+    for name, (prompts, message) in bad.items():
+        with pytest.raises(ValueError, match=message):
+            generate(params, config, prompts, gc, jax.random.PRNGKey(0))
+
+
+def test_params_of_another_config_are_refused_by_name(run_ar):
+    """Params shaped for another config: one ShapeError (a ValueError) naming the first param that does
+    not fit, its shape and the expected one, from `generate` and `forward` alike; the table it checks
+    against agrees with what the model's `init` declares, tied head or not."""
+    from zarya_jax.nn.hf_params import ShapeError, check_params
+
+    _, config, params, gc, _, _ = run_ar
+    for cfg in (config, config.replace(tie_word_embeddings=False, num_kv_heads=4)):
+        check_params(jax.eval_shape(lambda k: model_lib.init_params(cfg, k), jax.random.PRNGKey(0)), cfg)
+    wider = config.replace(intermediate_size=96)
+    other = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                         jax.eval_shape(lambda k: model_lib.init_params(wider, k), jax.random.PRNGKey(0)))
+    message = r"layers/gate_proj/kernel.*\(2, 64, 96\), expected \(2, 64, 128\)"
+    with pytest.raises(ShapeError, match=message):
+        generate(other, config, PROMPTS, gc, jax.random.PRNGKey(0))
+    with pytest.raises(ShapeError, match=message):
+        model_lib.forward(other, config, jnp.zeros((1, 4), jnp.int32))
+    untied = {**params, "lm_head": params["embed"].T}
+    with pytest.raises(ShapeError, match=r"unexpected \['lm_head'\]"):
+        generate(untied, config, PROMPTS, gc, jax.random.PRNGKey(0))
+    assert issubclass(ShapeError, ValueError)

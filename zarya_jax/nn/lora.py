@@ -11,12 +11,16 @@ Adapters are saved apart from the base weights as one safetensors file (`adapter
 `layers.<proj>.<a|b>`) with the rank, alpha and noise convention in its metadata, so an adapter of a
 few hundred MB can be shipped and swapped without touching the base checkpoint, and is always sampled
 with the noise it was trained on. The metadata also holds a checksum of every array (`nn.integrity`),
-verified at load; a damaged or unreadable file is a `CheckpointError` naming it.
+verified at load as a checkpoint's are: a damaged or unreadable file, or one without checksums (unless
+`verify=False`), is a `CheckpointError` naming it. Save and load also refuse what no trained adapter
+holds — a non-finite array, a rank that is not a positive integer, an alpha that is not a finite positive
+number, an unknown noise convention or format — naming the file and the field.
 """
 from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 from pathlib import Path
 
@@ -26,12 +30,13 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from ..config import ConfigError, LoraConfig, ModelConfig
+from ..config import LORA_NOISE, ConfigError, LoraConfig, ModelConfig
 from ..files import atomic_directory
 from .integrity import CheckpointError, array_checksums, compare, describe_error
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ADAPTER_FILE = "adapter.safetensors"
+FORMAT = "zarya_jax.lora/1"
 
 
 def noise_tokens(key: jax.Array, shape: tuple[int, ...], vocab_size: int, mask_token_id: int | None,
@@ -107,24 +112,46 @@ def merge(params: dict, lora_params: dict, lora: LoraConfig) -> dict:
     return {**params, "layers": layers}
 
 
+def check_values(lora_params: dict, lora: LoraConfig, where: str) -> None:
+    """Raises ConfigError naming `where` and the field when the adapter holds what no training produces: a
+    non-finite alpha, an alpha ≤ 0, or a NaN/inf in any array (`lora_params`: a pytree of arrays)."""
+    alpha = lora.alpha
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
+        raise ConfigError(f"{where}: alpha={alpha!r}: expected a finite number > 0")
+    for path, x in jax.tree_util.tree_flatten_with_path(lora_params)[0]:
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise ConfigError(f"{where}: {_name(path)} has dtype {x.dtype}: expected floating point")
+        finite = np.isfinite(np.asarray(jax.device_get(x)))
+        if not finite.all():
+            raise ConfigError(f"{where}: {_name(path)} holds {finite.size - np.count_nonzero(finite)} non-finite "
+                              f"value(s) (NaN or inf): expected finite numbers")
+
+
+def _name(path) -> str:
+    """`layers.q_proj.a`: a leaf's path as the file's tensor name."""
+    return ".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+
+
 def save(path: str | os.PathLike, lora_params: dict, lora: LoraConfig, extra: dict[str, str] | None = None) -> Path:
     """Writes `<path>/adapter.safetensors` (atomically: temp dir, then rename). Returns the file path.
 
     The metadata holds the rank, alpha and noise convention; `extra`: more string metadata stored in
-    the file, see `metadata`.
+    the file, see `metadata`. An adapter with a non-finite array or alpha is refused (ConfigError) before
+    anything is written.
     """
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise FileExistsError(f"LoRA output {path} exists and is not a directory")
     flat = {f"layers.{name}.{part}": np.asarray(jax.device_get(arr))
             for name in PROJECTIONS for part, arr in lora_params["layers"][name].items()}
+    check_values(flat, lora, f"LoRA adapter to save in {str(path)!r}")
     if any(v.dtype == jnp.bfloat16 for v in flat.values()):
         # safetensors' numpy writer has no bf16; fp32 is lossless and loading casts back
         flat = {k: v.astype(np.float32) for k, v in flat.items()}
     with atomic_directory(path, overwrite=True) as tmp:
         save_file(flat, os.path.join(tmp, ADAPTER_FILE),
                   metadata={**(extra or {}), "rank": str(lora.rank), "alpha": repr(float(lora.alpha)),
-                            "noise": lora.noise, "format": "zarya_jax.lora/1",
+                            "noise": lora.noise, "format": FORMAT,
                             "checksums": json.dumps(array_checksums(flat))})
     return path / ADAPTER_FILE
 
@@ -137,35 +164,100 @@ def _adapter_file(path: str | os.PathLike) -> Path:
     return file
 
 
-def load(path: str | os.PathLike, dtype=None, verify: bool = True) -> tuple[dict, LoraConfig]:
-    """Reads an adapter directory (or the `.safetensors` file itself) -> (lora_params, LoraConfig).
-    verify: check the arrays against the checksums in the metadata (adapters saved before checksums
-    were recorded have none and load unverified)."""
-    file = _adapter_file(path)
+def _read(file: Path, tensors: bool = True) -> tuple[dict[str, str], dict[str, np.ndarray]]:
+    """(metadata, arrays by name) of an adapter file; an unreadable one is a CheckpointError naming it."""
     try:
         with safe_open(str(file), framework="numpy") as f:
-            meta = f.metadata() or {}
-            flat = {key: f.get_tensor(key) for key in f.keys()}
+            return dict(f.metadata() or {}), {key: f.get_tensor(key) for key in f.keys()} if tensors else {}
     except Exception as e:  # safetensors raises several types for a truncated or foreign file
         raise CheckpointError(f"LoRA adapter {str(file)!r} is damaged or not a safetensors file "
                               f"({describe_error(e)})") from None
-    if "rank" not in meta or "alpha" not in meta:
-        raise ConfigError(f"LoRA adapter {file}: metadata lacks rank/alpha (not written by zarya_jax.lora.save)")
-    if verify and "checksums" in meta:
-        compare(json.loads(meta["checksums"]), array_checksums(flat), repr(str(file)))
+
+
+def _config(meta: dict[str, str], where: str) -> LoraConfig:
+    """The LoraConfig recorded in an adapter's metadata; each bad field is a ConfigError naming it."""
+    def field(name: str, parse, expected: str, default=None):
+        if name not in meta:
+            if default is not None:
+                return default
+            raise ConfigError(f"{where}: metadata has no {name!r} field: expected {expected} "
+                              f"(files written by zarya_jax.lora.save carry it)")
+        try:
+            value = parse(meta[name])
+        except ValueError:
+            value = None
+        if value is None:
+            raise ConfigError(f"{where}: metadata field {name!r} is {meta[name]!r}: expected {expected}")
+        return value
+
+    def positive_int(text: str):
+        return int(text) if text.strip().isdigit() and int(text) >= 1 else None
+
+    def positive_float(text: str):
+        value = float(text)
+        return value if math.isfinite(value) and value > 0 else None
+
+    field("format", lambda text: text if text == FORMAT else None, repr(FORMAT), default=FORMAT)
     # adapters written before the noise convention was recorded were all trained with uniform noise
-    cfg = LoraConfig(rank=int(meta["rank"]), alpha=float(meta["alpha"]), noise=meta.get("noise", "uniform"))
+    return LoraConfig(rank=field("rank", positive_int, "a positive integer"),
+                      alpha=field("alpha", positive_float, "a finite number > 0"),
+                      noise=field("noise", lambda text: text if text in LORA_NOISE else None,
+                                  f"one of {LORA_NOISE}", default="uniform"))
+
+
+def _recorded_checksums(meta: dict[str, str], where: str) -> dict:
+    if "checksums" not in meta:
+        raise CheckpointError(f"{where} has no 'checksums' metadata (written before adapters carried checksums): "
+                              "cannot verify it; pass verify=False (--no-verify) to load it unverified")
+    try:
+        sums = json.loads(meta["checksums"])
+        if not isinstance(sums, dict) or not all(isinstance(v, dict) for v in sums.values()):
+            raise ValueError("expected a JSON object of {array: {shape, dtype, sum}}")
+    except ValueError as e:
+        raise CheckpointError(f"{where} is damaged: metadata field 'checksums' is unreadable ({e})") from None
+    return sums
+
+
+def _nest(flat: dict[str, np.ndarray], cfg: LoraConfig, where: str) -> dict:
+    """{'layers': {proj: {'a', 'b'}}} from the file's tensors, checked complete and of rank `cfg.rank`."""
     params: dict = {"layers": {}}
     for key, value in flat.items():
         parts = key.split(".")
-        if len(parts) != 3 or parts[0] != "layers":
-            raise ConfigError(f"LoRA adapter {file}: unexpected tensor {key!r} (expected layers.<proj>.<a|b>)")
-        arr = jnp.asarray(value)
-        params["layers"].setdefault(parts[1], {})[parts[2]] = arr if dtype is None else arr.astype(dtype)
-    return params, cfg
+        if len(parts) != 3 or parts[0] != "layers" or parts[1] not in PROJECTIONS or parts[2] not in ("a", "b"):
+            raise ConfigError(f"{where}: unexpected tensor {key!r} (expected layers.<proj>.<a|b>, proj one of "
+                              f"{PROJECTIONS})")
+        params["layers"].setdefault(parts[1], {})[parts[2]] = value
+    for name in PROJECTIONS:
+        for part, rank_axis in (("a", 2), ("b", 1)):
+            value = params["layers"].get(name, {}).get(part)
+            if value is None:
+                raise ConfigError(f"{where}: tensor layers.{name}.{part} is missing")
+            if value.ndim != 3 or value.shape[rank_axis] != cfg.rank:
+                want = "[layers, fan_in, rank]" if part == "a" else "[layers, rank, fan_out]"
+                raise ConfigError(f"{where}: tensor layers.{name}.{part} has shape {value.shape}: expected "
+                                  f"{want} with the metadata's rank {cfg.rank}")
+    return params
+
+
+def load(path: str | os.PathLike, dtype=None, verify: bool = True) -> tuple[dict, LoraConfig]:
+    """Reads an adapter directory (or the `.safetensors` file itself) -> (lora_params, LoraConfig).
+
+    verify: check the arrays against the checksums in the metadata; a file without them is refused
+    (CheckpointError) unless verify=False. Whatever `verify`, the metadata must be valid (rank, alpha,
+    noise, format) and every array finite and complete; each violation is a ConfigError naming the file
+    and the field."""
+    file = _adapter_file(path)
+    where = f"LoRA adapter {str(file)!r}"
+    meta, flat = _read(file)
+    if verify:
+        compare(_recorded_checksums(meta, where), array_checksums(flat), repr(str(file)))
+    cfg = _config(meta, where)
+    params = _nest(flat, cfg, where)
+    check_values(flat, cfg, where)
+    cast = (lambda x: jnp.asarray(x)) if dtype is None else (lambda x: jnp.asarray(x).astype(dtype))
+    return jax.tree.map(cast, params), cfg
 
 
 def metadata(path: str | os.PathLike) -> dict[str, str]:
     """The string metadata of a saved adapter (rank, alpha, noise, format and any `extra` given to `save`)."""
-    with safe_open(str(_adapter_file(path)), framework="numpy") as f:
-        return dict(f.metadata() or {})
+    return _read(_adapter_file(path), tensors=False)[0]

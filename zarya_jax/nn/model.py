@@ -15,8 +15,10 @@ the cache's valid rows plus the window itself and returns the window's own K/V,
 `[layers, batch, window, kv_heads, head_dim]`, so the caller decides which rows to commit.
 
 Gated LoRA (SPEC §7): with `lora` set, each of the seven projections carries an adapter in the
-separate variable collection `'lora'`, applied only on rows where `gate` is true; gate-off rows are
-bit-identical to the base model.
+separate variable collection `'lora'`, selected (`where`, not multiplied by the gate) only on rows where
+`gate` is true: a gate-off row computes the base projection exactly, whatever the adapter holds (NaN,
+inf, 1e30), and so does every row that attends only to gate-off rows (a gated row's non-finite V is
+zeroed, since a masked key's weight 0 times NaN is still NaN).
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from ..config import LoraConfig, ModelConfig
-from . import attention
+from . import attention, hf_params
 from . import partitioning
 from .partitioning import declare, spec_for
 
@@ -144,6 +146,11 @@ class Block(nn.Module):
         q = proj("q_proj", (d,), (h, hd), ("embed", "heads", "head_dim"))(y, gate)
         k = proj("k_proj", (d,), (kvh, hd), ("embed", "kv_heads", "head_dim"))(y, gate)
         v = proj("v_proj", (d,), (kvh, hd), ("embed", "kv_heads", "head_dim"))(y, gate)
+        if self.lora is not None:
+            # A masked key weighs exactly 0 in attention, but 0 · NaN = NaN in the weighted sum: a gated
+            # row's non-finite value (a NaN or overflowing adapter) would reach gate-off rows that never
+            # attend to it. Zeroing it keeps those rows the base model's, bit for bit.
+            v = jnp.where(gate[..., None, None] & ~jnp.isfinite(v), jnp.zeros_like(v), v)
         q = checkpoint_name(rope(RMSNorm(c.rms_norm_eps, pdt, name="q_norm")(q), positions, c.rope_theta), "q")
         k = checkpoint_name(rope(RMSNorm(c.rms_norm_eps, pdt, name="k_norm")(k), positions, c.rope_theta), "k")
         v = checkpoint_name(v, "v")
@@ -263,7 +270,8 @@ def apply(params, config: ModelConfig, tokens: Array, positions: Array | None = 
 
 def forward(params, config: ModelConfig, tokens: Array, positions: Array | None = None) -> Array:
     """Plain causal forward (through `config.attention`): logits float32 [b, l, v]; positions default to
-    arange(l)."""
+    arange(l). Params of another config are a `ShapeError` naming the first param that does not fit."""
+    hf_params.check_params(params, config)  # shapes only: also under jit, where it runs once per trace
     logits, _ = apply(params, config, jnp.asarray(tokens, jnp.int32),
                       None if positions is None else jnp.asarray(positions, jnp.int32))
     return logits

@@ -19,7 +19,8 @@ import numpy as np
 from . import ar, decoding, mdm, slotted, spec
 from .config import GenerationConfig, GenerationOutput
 from .decoder import Decoder
-from .prompts import pad_prompts
+from ..nn import hf_params
+from .prompts import as_prompt_list, pad_prompts
 
 TRACE_COUNTS: collections.Counter = collections.Counter()
 DYNAMIC_FIELDS = slotted.KNOBS  # the fields passed traced (`slotted.Knobs`), reset in the static key
@@ -48,18 +49,22 @@ def static_key(gc: GenerationConfig) -> GenerationConfig:
 
 def generate(params, config, prompts, generation_config: GenerationConfig, key, *, lora_params=None, lora=None,
              debug: bool = False, use_cache: bool = True) -> GenerationOutput:
-    """Generates continuations of `prompts` (list of B token-id lists) → `GenerationOutput`.
+    """Generates continuations of `prompts` (list of B token-id lists or 1-D integer arrays, or one integer
+    array [B, L]) → `GenerationOutput`.
 
     Routes by `generation_config.resolved_mode`: "ar" (SPEC §4), "mdm" (mode A, §5), "slotted"
     (mode B, §6), "spec" (§7; `lora_params`/`lora`, the drafter adapter with its noise convention, are
     used by this mode only: the other modes run the base weights). `use_cache=False` runs the AR
     baseline without a KV cache (mode "ar" only); `debug=True` adds per-pass logits to `stats["trace"]`
-    (modes ar/mdm/slotted). Raises ValueError on bad input before anything is compiled.
+    (modes ar/mdm/slotted). Raises ValueError on bad input (prompts, config, params of another config)
+    before anything is compiled.
     """
     gc = generation_config
     if not isinstance(gc, GenerationConfig):
         raise ValueError(f"generation_config: expected a GenerationConfig, got {type(gc).__name__}")
+    prompts = as_prompt_list(prompts)
     gc.validate(config, prompts)
+    hf_params.check_params(params, config)  # another config's params: one error naming the param
     mode = gc.resolved_mode
     if not use_cache and mode != "ar":
         raise ValueError(f"use_cache=False is only available for mode 'ar', not {mode!r}")

@@ -1,5 +1,8 @@
 """Ragged prompts → one right-padded, bucketed array (SPEC §4: fixed shapes, ragged batch).
 
+Prompts are a list of token-id sequences (lists or 1-D integer arrays), or one integer array
+`[B, L]` of B prompts of L tokens each (`as_prompt_list`).
+
 Row b holds its prompt at indices 0 … lengths[b]−1 (logical positions equal indices) and `pad_id`
 after. The padded width is the longest prompt rounded up to a multiple of `bucket`, so prompts of
 similar length share one compiled program.
@@ -7,6 +10,18 @@ similar length share one compiled program.
 from __future__ import annotations
 
 import numpy as np
+
+
+def as_prompt_list(prompts):
+    """A `[B, L]` NumPy or jax array of ids → its B rows (as a list); anything else is returned as given
+    (the list form, validated by `GenerationConfig.validate`). Raises ValueError for an array that is not
+    2-D or not of an integer dtype."""
+    if not hasattr(prompts, "ndim") or not hasattr(prompts, "dtype"):
+        return prompts
+    if prompts.ndim != 2 or not np.issubdtype(np.dtype(prompts.dtype), np.integer):
+        raise ValueError(f"prompts: an array of ids must be 2-D [B, L] of an integer dtype, got "
+                         f"{np.dtype(prompts.dtype).name}{tuple(prompts.shape)}")
+    return list(np.asarray(prompts))
 
 
 def bucket_length(n: int, bucket: int) -> int:
