@@ -8,9 +8,10 @@ idle (`python -m experiments.bench.forward --side jax|hf`, launched by this comm
 JAX, HF, JAX, HF … for `--rounds`; each child warms up and times `--repeats` calls per batch size, and
 the table reports the median over every timed call of every round (the minimum is in the JSON). The
 JAX child also checks its logits against HF's (computed before any JAX forward of that batch). The HF
-baseline is HF at its best: every attention implementation in `--hf-attention` (eager, sdpa) is
-timed, the faster one is the baseline, with as many PyTorch threads as XLA uses (all the cores this
-process may run on). The HF side stays on the CPU.
+baseline is HF at its best: every attention implementation in `--hf-attention` (eager, sdpa) with
+every PyTorch thread count in `--hf-threads` (default: as many as XLA uses, i.e. every core this process
+may run on, and 1) is timed under `torch.inference_mode`, and the fastest is the baseline. The HF side
+stays on the CPU.
 """
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ from zarya_jax.config import ModelConfig
 from zarya_jax.model import forward
 from zarya_jax.testing import random_hf_model, random_torch_model
 
-from .harness import (HF_ATTENTION, alternate, check_heads, check_positive, cpu_threads, csv_ints, hf_attention,
-                      hf_setups, hf_threads, markdown_table, pooled, side_main, timed, timings)
+from .harness import (HF_ATTENTION, add_baseline_arguments, alternate, check_heads, check_positive, cpu_threads,
+                      csv_ints, hf_attention, hf_setups, hf_threads, markdown_table, pooled, side_main, timed,
+                      timings)
 
 
 
@@ -161,11 +163,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--batch-sizes", type=csv_ints, default=[4], help="comma-separated, e.g. 1,4,16,64")
     p.add_argument("--repeats", type=int, default=5, help="timed calls per batch size in each child process")
-    p.add_argument("--rounds", type=int, default=3, help="child processes per side, alternated JAX, HF, JAX, HF …")
-    p.add_argument("--hf-attention", default=",".join(HF_ATTENTION),
-                   help="HF attention implementations to time (the fastest configuration is the baseline)")
-    p.add_argument("--hf-threads", type=csv_ints, default=None,
-                   help="PyTorch thread counts to time HF with (default: as many as XLA uses, and 1)")
+    add_baseline_arguments(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-hf", action="store_true", help="skip the HF transformers baseline")
 

@@ -1,6 +1,7 @@
 """Generation throughput: AR, mode A, mode B (tokens/s, tokens per forward), JAX vs HF, cached vs uncached.
 
-    python -m experiments.bench generate [--batch-sizes 1,8,32 --max-new-tokens 32 --rounds 3] [--ckpt CKPT --no-hf]
+    python -m experiments.bench generate [--batch-sizes 1,8,32 --max-new-tokens 32 --rounds 3]
+    python -m experiments.bench generate --ckpt CKPT --no-hf
 
 On a tiny random Qwen3 (built with transformers, weights copied into the JAX params) or on a
 checkpoint (`--ckpt`; the HF comparison then needs `--no-hf`). Per batch size and mode: compile
@@ -9,13 +10,13 @@ for AR the JAX decode without a KV cache (one full causal pass per token). Rows 
 every mode generates the same number of tokens.
 
 The AR row is compared with Hugging Face at its best on the same CPU and weights: transformers' greedy
-`generate` and HF's own forward loop with its KV cache (`past_key_values`, greedy, under
-`torch.inference_mode`), each with every attention implementation in `--hf-attention`, as many PyTorch
-threads as XLA uses; the fastest of these is the baseline, and the output says so when `generate` is
-far slower than the forward passes it is made of. Each side runs in a process of its own while the
-other is idle (`python -m experiments.bench.generate --side jax|hf`), alternating JAX, HF, … for
-`--rounds`; each child compiles (or warms up) and times `--repeats` calls, and the table reports the
-median over every timed call of every round.
+`generate` and HF's own forward loop with its KV cache (`cache`, formerly `past_key_values`; greedy,
+under `torch.inference_mode`), each with every attention implementation in `--hf-attention` and every
+PyTorch thread count in `--hf-threads` (default: as many as XLA uses, and 1). The fastest is the
+baseline, and the output says so when `generate` is far slower than the forward passes it is made of.
+Each side runs in a process of its own while the other is idle (`python -m experiments.bench.generate
+--side jax|hf`), alternating JAX, HF, … for `--rounds`; each child compiles (or warms up) and times
+`--repeats` calls, and the table reports the median over every timed call of every round.
 """
 from __future__ import annotations
 
@@ -32,8 +33,9 @@ from zarya_jax.config import ModelConfig
 from zarya_jax.sampling import GenerationConfig, generate
 from zarya_jax.testing import random_hf_model, random_torch_model
 
-from .harness import (HF_ATTENTION, alternate, check_heads, check_positive, cpu_threads, csv_ints, hf_attention,
-                      hf_setups, hf_threads, markdown_table, pooled, side_main, timed, timings)
+from .harness import (HF_ATTENTION, add_baseline_arguments, alternate, check_heads, check_positive, cpu_threads,
+                      csv_ints, hf_attention, hf_setups, hf_threads, markdown_table, pooled, side_main, timed,
+                      timings)
 
 FAR = 2.0  # a baseline this many times slower than its own forward loop is reported as such
 
@@ -52,11 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--serial-num-blocks", type=int, default=2)
     p.add_argument("--steps", type=int, default=0, help="mode A's T")
     p.add_argument("--repeats", type=int, default=3, help="timed calls per configuration in each child process")
-    p.add_argument("--rounds", type=int, default=3, help="child processes per side, alternated JAX, HF, JAX, HF …")
-    p.add_argument("--hf-attention", default=",".join(HF_ATTENTION),
-                   help="HF attention implementations to time (the fastest configuration is the baseline)")
-    p.add_argument("--hf-threads", type=csv_ints, default=None,
-                   help="PyTorch thread counts to time HF with (default: as many as XLA uses, and 1)")
+    add_baseline_arguments(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ckpt", default=None, help="benchmark this checkpoint instead of a random model")
     p.add_argument("--no-hf", action="store_true", help="skip transformers' PyTorch generate")

@@ -106,6 +106,15 @@ def hf_attention(text: str) -> tuple[str, ...]:
     return names
 
 
+def add_baseline_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of a comparison with the HF baseline: rounds of child processes and HF's configurations."""
+    p.add_argument("--rounds", type=int, default=3, help="child processes per side, alternated JAX, HF, JAX, HF …")
+    p.add_argument("--hf-attention", default=",".join(HF_ATTENTION),
+                   help="HF attention implementations to time (the fastest configuration is the baseline)")
+    p.add_argument("--hf-threads", type=csv_ints, default=None,
+                   help="PyTorch thread counts to time HF with (default: as many as XLA uses, and 1)")
+
+
 def cpu_threads() -> int:
     """The cores this process may run on: XLA's CPU thread pool uses them all."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
