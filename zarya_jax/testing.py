@@ -149,17 +149,22 @@ def uno_adapters():
 
 
 # ------------------------------------------------------------------ random Hugging Face models
-def random_hf_model(config: ModelConfig, seed: int = 0, **hf_overrides):
-    """(a random transformers Qwen3ForCausalLM with `config`'s dimensions (fp32, eager attention, CPU,
-    weights from `torch.manual_seed(seed)`), the same weights as our params pytree). `hf_overrides` go
-    to its Qwen3Config (e.g. `initializer_range=0.2`)."""
+def random_torch_model(config: ModelConfig, seed: int = 0, **hf_overrides):
+    """A random transformers Qwen3ForCausalLM with `config`'s dimensions (fp32, eager attention, CPU,
+    weights from `torch.manual_seed(seed)`); `hf_overrides` go to its Qwen3Config (e.g.
+    `initializer_range=0.2`, `attn_implementation="sdpa"`). Touches no JAX array."""
     import torch  # torch and transformers' PyTorch side load only for the HF comparisons
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
     hf_config = Qwen3Config.from_dict({**to_hf_dict(config), "dtype": "float32", "attn_implementation": "eager",
                                        **hf_overrides})
-    model = Qwen3ForCausalLM(hf_config).eval()
+    return Qwen3ForCausalLM(hf_config).eval()
+
+
+def random_hf_model(config: ModelConfig, seed: int = 0, **hf_overrides):
+    """(`random_torch_model(config, seed, **hf_overrides)`, the same weights as our params pytree)."""
+    model = random_torch_model(config, seed, **hf_overrides)
     state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     return model, jax.tree.map(jnp.asarray, hf_params.from_hf(state, config))
 

@@ -8,5 +8,8 @@
 
 Every subcommand writes `<out>/<name>.json` and `<out>/<name>.md` (`--out`, default runs/bench, given
 before the subcommand) and prints the Markdown table; `harness` holds the shared command line, timing
-helpers and result files. They run unchanged on GPU/TPU (the HF side stays on the CPU).
+helpers and result files; every JSON records the code's provenance (commit, dirty tree, package
+versions, machine). `forward` and `generate` time the JAX side and the Hugging Face baseline (at its
+best configuration) each in a process of its own, alternating. They run unchanged on GPU/TPU (the HF
+side stays on the CPU). The manual: docs/benchmarks.md.
 """
