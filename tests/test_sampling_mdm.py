@@ -18,12 +18,14 @@ def run_a(tiny_config, tiny_params):
     return gc, generate(tiny_params, tiny_config, PROMPTS, gc, jax.random.PRNGKey(2), debug=True)
 
 
-def test_step_logits_equal_full_forward(run_a, tiny_config, tiny_params):
-    gc, out = run_a
+def check_every_pass(out, config, params):
     st = out.stats
-    n = check_against_full_forward(tiny_params, tiny_config, st["trace"], st["physical_tokens"],
-                                   st["physical_positions"])
+    n = check_against_full_forward(params, config, st["trace"], st["physical_tokens"], st["physical_positions"])
     assert n == int(out.num_forward_passes.sum()) - len(PROMPTS)  # every decode pass of every row checked
+
+
+def test_step_logits_equal_full_forward(run_a, tiny_config, tiny_params):
+    check_every_pass(run_a[1], tiny_config, tiny_params)
 
 
 def test_layout_budget_and_no_mask(run_a, tiny_config):
@@ -83,10 +85,8 @@ def run_order(request, tiny_config, tiny_params):
 def test_each_order_equals_full_forward(run_order, tiny_config, tiny_params):
     """Every cached pass of every order equals an uncached causal recompute of the physical sequence."""
     gc, out = run_order
+    check_every_pass(out, tiny_config, tiny_params)
     st = out.stats
-    n = check_against_full_forward(tiny_params, tiny_config, st["trace"], st["physical_tokens"],
-                                   st["physical_positions"])
-    assert n == int(out.num_forward_passes.sum()) - len(PROMPTS)
     for b, prompt in enumerate(PROMPTS):
         p, n_d = len(prompt), int(st["num_diffusion"][b])
         pos = st["physical_positions"][b]
