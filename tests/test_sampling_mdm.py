@@ -98,11 +98,11 @@ def test_each_order_equals_full_forward(run_order, tiny_config, tiny_params):
             assert order.tolist() == list(range(M))
 
 
+@pytest.mark.parametrize("run_order", ["confidence"], indirect=True)
 def test_confidence_order_commits_the_most_confident(run_order, tiny_config):
     """Each diffusion step commits the k undecoded masks whose top probability is highest."""
     gc, out = run_order
-    if gc.mdm_order != "confidence":
-        pytest.skip("confidence order only")
+    assert gc.mdm_order == "confidence"
     tr, st = out.stats["trace"], out.stats
     kw = mdm.window_rows(gc)
     for b, prompt in enumerate(PROMPTS):
