@@ -69,3 +69,17 @@ def test_first_errors():
     assert e["by_distance_from_end"] == {-1: 3}
     text = diagnose.explain("mode B", 0.25, 0.75, e, [{"offset": 1, "n": 4, "ar": 1.0, "mdm": 0.5}])
     assert "50.0 points lost" in text and "offset 1" in text and "cut short" in text
+
+
+def test_mode_a_first_errors_by_phase():
+    eos = 9
+    refs = [[1, 2, 3, eos], [1, 2, 3, eos], [4, 5, eos], [4, 5, 6, eos]]
+    outs = [[1, 2, 3, eos], [1, 0, 3, eos], [4, 5, 0], [4, 5]]
+    dif = [[0, 3], [1], [0], [2]]  # first errors at 1 (a diffusion token), 2 (sequential), 2 (cut short)
+    assert diagnose.split_first_errors(outs, refs, dif) == {"diffusion": 1, "sequential": 1, "cut_short": 1}
+    e = diagnose.first_errors(outs, refs, slot_size=1, eos_id=eos)
+    e["by_phase"] = diagnose.split_first_errors(outs, refs, dif)
+    heads = {"1": {"overall": {"n": 4, "ar": 1.0, "mdm": 0.75}, "by_offset": [{"offset": 0, "n": 4, "ar": 1.0,
+                                                                              "mdm": 0.75}]}}
+    text = diagnose.markdown({"explanations": [], "heads": heads, "first_errors": {"mdm": e}})
+    assert "| 1 | 1 | 1 |" in text and "slot size 1): MDM head 75.0%" in text

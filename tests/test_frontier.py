@@ -8,7 +8,8 @@ from zarya_jax.eval.frontier import FrontierConfig
 def test_grid_points():
     fc = FrontierConfig(slotted_slot_size=(4, 8, 64), slotted_serial_num_blocks=(0, 1), slotted_slot_threshold=(0.9,),
                         slotted_token_threshold=(0.5, 0.9), slotted_corrections=("refusion", "both"),
-                        mdm_steps=(0, 8), mdm_alpha0=(0.25, 1.0), draft_lengths=(4, 8))
+                        mdm_steps=(0, 8), mdm_alpha0=(0.25, 1.0), mdm_orders=("random",), mdm_sequential=("mask",),
+                        draft_lengths=(4, 8))
     pts = frontier.grid_points(fc, ["ar", "mdm", "slotted", "spec-self"], 32)
     slotted = [k for m, k in pts if m == "slotted"]
     assert len(slotted) == 2 * 2 * 2 * 2            # S=64 > G is skipped
@@ -20,6 +21,26 @@ def test_grid_points():
     assert pts[0] == ("ar", {})
     with pytest.raises(ValueError, match="slotted_corrections"):
         FrontierConfig(slotted_corrections=("magic",))
+
+
+def test_mdm_grid_new_knobs():
+    """Order × convention, without points a knob cannot change (T = 0: no α0, no sequential phase;
+    α0 = 1: no sequential phase); the default grid has points with α0·M > T and every knob."""
+    fc = FrontierConfig(mdm_steps=(0, 8), mdm_alpha0=(0.5, 1.0), mdm_orders=("random", "confidence"),
+                        mdm_sequential=("mask", "ar"))
+    pts = frontier.mdm_points(fc)
+    assert pts == [{"steps": 0, "alpha0": 0.5}, {"steps": 0, "alpha0": 0.5, "mdm_order": "confidence"},
+                   {"steps": 8, "alpha0": 0.5}, {"steps": 8, "alpha0": 0.5, "mdm_sequential": "ar"},
+                   {"steps": 8, "alpha0": 0.5, "mdm_order": "confidence"},
+                   {"steps": 8, "alpha0": 0.5, "mdm_order": "confidence", "mdm_sequential": "ar"},
+                   {"steps": 8, "alpha0": 1.0}, {"steps": 8, "alpha0": 1.0, "mdm_order": "confidence"}]
+    assert frontier.describe("mdm", pts[5]) == "T=8 α0=0.5 confidence order AR-row sequential"
+    default = frontier.mdm_points(FrontierConfig())
+    assert any(k["steps"] and k["alpha0"] * 32 > k["steps"] for k in default)
+    assert {k.get("mdm_order") for k in default} >= {None, "confidence"}
+    assert {k.get("mdm_sequential") for k in default} >= {None, "ar"}
+    with pytest.raises(ValueError, match="sorted"):
+        FrontierConfig(mdm_orders=("sorted",))
 
 
 def row(mode, correct, tokens_per_forward):

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from test_sampling_reference import check_against_full_forward
+from zarya_jax import model as model_lib
 from zarya_jax.sampling import GenerationConfig, generate, mdm
 
 PROMPTS = [[5, 17, 42, 99, 3], [12, 8, 100]]
@@ -17,12 +18,14 @@ def run_a(tiny_config, tiny_params):
     return gc, generate(tiny_params, tiny_config, PROMPTS, gc, jax.random.PRNGKey(2), debug=True)
 
 
-def test_step_logits_equal_full_forward(run_a, tiny_config, tiny_params):
-    gc, out = run_a
+def check_every_pass(out, config, params):
     st = out.stats
-    n = check_against_full_forward(tiny_params, tiny_config, st["trace"], st["physical_tokens"],
-                                   st["physical_positions"])
+    n = check_against_full_forward(params, config, st["trace"], st["physical_tokens"], st["physical_positions"])
     assert n == int(out.num_forward_passes.sum()) - len(PROMPTS)  # every decode pass of every row checked
+
+
+def test_step_logits_equal_full_forward(run_a, tiny_config, tiny_params):
+    check_every_pass(run_a[1], tiny_config, tiny_params)
 
 
 def test_layout_budget_and_no_mask(run_a, tiny_config):
@@ -68,3 +71,112 @@ def test_budget_schedule():
     assert np.asarray(n0).tolist() == [3, 3]
     assert np.asarray(sizes0)[0, :3].tolist() == [3, 3, 4]
     assert mdm.window_rows(gc) == 3 and mdm.window_rows(gc0) == 4
+
+
+# Beyond the paper: diffusion order and the sequential phase's convention (mode A options).
+
+@pytest.fixture(scope="module", params=["random", "logical", "confidence"])
+def run_order(request, tiny_config, tiny_params):
+    gc = GenerationConfig(mode="mdm", max_new_tokens=M, steps=T, alpha0=0.6, temperature=1.0, stop_at_eos=False,
+                          prompt_bucket=8, mdm_order=request.param)
+    return gc, generate(tiny_params, tiny_config, PROMPTS, gc, jax.random.PRNGKey(3), debug=True)
+
+
+def test_each_order_equals_full_forward(run_order, tiny_config, tiny_params):
+    """Every cached pass of every order equals an uncached causal recompute of the physical sequence."""
+    gc, out = run_order
+    check_every_pass(out, tiny_config, tiny_params)
+    st = out.stats
+    for b, prompt in enumerate(PROMPTS):
+        p, n_d = len(prompt), int(st["num_diffusion"][b])
+        pos = st["physical_positions"][b]
+        assert sorted(pos[pos >= 0].tolist()) == list(range(p + M))
+        assert out.num_forward_passes[b] == 1 + min(T, n_d) + (M - n_d)  # the same budget in every order
+        order = st["order"][b]
+        assert list(order[n_d:]) == sorted(order[n_d:])  # sequential tail left to right
+        if gc.mdm_order == "logical":
+            assert order.tolist() == list(range(M))
+
+
+@pytest.mark.parametrize("run_order", ["confidence"], indirect=True)
+def test_confidence_order_commits_the_most_confident(run_order, tiny_config):
+    """Each diffusion step commits the k undecoded masks whose top probability is highest."""
+    gc, out = run_order
+    assert gc.mdm_order == "confidence"
+    tr, st = out.stats["trace"], out.stats
+    kw = mdm.window_rows(gc)
+    for b, prompt in enumerate(PROMPTS):
+        p, n_d = len(prompt), int(st["num_diffusion"][b])
+        order = st["order"][b]
+        done, start = set(), 0
+        for s in range(min(T, n_d)):
+            valid = np.asarray(tr["valid"][s, b, kw:])
+            rows = np.asarray(tr["positions"][s, b, kw:])[valid] - p
+            assert sorted(rows.tolist()) == sorted(set(range(M)) - done)  # every undecoded mask is scored
+            logits = np.asarray(tr["logits"][s, b, kw:])[valid].astype(np.float64)
+            logits[:, tiny_config.mask_token_id] = -np.inf
+            top = np.max(logits - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True))
+                         - logits.max(1, keepdims=True), axis=1)
+            k = ((s + 1) * n_d) // T - (s * n_d) // T
+            chosen = sorted(order[start:start + k].tolist())
+            assert chosen == sorted(rows[np.argsort(-top, kind="stable")[:k]].tolist())
+            assert list(order[start:start + k]) == chosen  # committed in logical order
+            done |= set(chosen)
+            start += k
+
+
+def test_ar_sequential_at_alpha0_zero_equals_ar(tiny_config, tiny_params):
+    """mdm_sequential="ar" with α0 = 0 is a left-to-right AR decode: token for token, ragged prompts, EOS."""
+    prompts = [[5, 17, 42, 99, 3], [12, 8, 100], [7]]
+    g = 10
+    free = generate(tiny_params, tiny_config, prompts, GenerationConfig(mode="ar", max_new_tokens=g, stop_at_eos=False,
+                                                                          prompt_bucket=8), jax.random.PRNGKey(0))
+    eos = int(free.tokens[0, 4])  # a token the AR decode emits mid-answer
+    ar_cfg = GenerationConfig(mode="ar", max_new_tokens=g, eos_token_id=eos, prompt_bucket=8)
+    ref = generate(tiny_params, tiny_config, prompts, ar_cfg, jax.random.PRNGKey(0))
+    assert (ref.lengths < g).any()
+    a_cfg = GenerationConfig(mode="mdm", max_new_tokens=g, steps=4, alpha0=0.0, eos_token_id=eos, prompt_bucket=8,
+                             mdm_sequential="ar")
+    out = generate(tiny_params, tiny_config, prompts, a_cfg, jax.random.PRNGKey(1))
+    np.testing.assert_array_equal(out.lengths, ref.lengths)
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+
+
+def test_ar_sequential_rows_equal_recompute(tiny_config, tiny_params):
+    """With diffusion tokens too, each AR-convention query equals a full forward over the decoded context
+    in physical order followed by the token before the target (its committed copy not repeated)."""
+    gc = GenerationConfig(mode="mdm", max_new_tokens=M, steps=T, alpha0=0.5, temperature=1.0, stop_at_eos=False,
+                          prompt_bucket=8, mdm_sequential="ar", mdm_order="confidence")
+    out = generate(tiny_params, tiny_config, PROMPTS, gc, jax.random.PRNGKey(4), debug=True)
+    tr, st = out.stats["trace"], out.stats
+    kw = mdm.window_rows(gc)
+    seqs, want = [], []
+    for b, prompt in enumerate(PROMPTS):
+        p, n_d = len(prompt), int(st["num_diffusion"][b])
+        for s in range(min(T, n_d), min(T, n_d) + M - n_d):
+            c = int(tr["cache_len"][s, b])
+            ctx_t = list(st["physical_tokens"][b, :c])
+            ctx_p = list(st["physical_positions"][b, :c])
+            prev = np.asarray(tr["valid"][s, b, :kw])
+            ctx_t += list(np.asarray(tr["tokens"][s, b, :kw])[prev])
+            ctx_p += list(np.asarray(tr["positions"][s, b, :kw])[prev])
+            q_tok, q_pos = int(tr["tokens"][s, b, kw]), int(tr["positions"][s, b, kw])
+            assert q_tok != tiny_config.mask_token_id and q_pos == p - 1 + int(st["order"][b, s - min(T, n_d) + n_d])
+            dup = [i for i, q in enumerate(ctx_p) if q == q_pos]
+            assert len(dup) == 1  # the token before the target was committed exactly once
+            seqs.append((ctx_t + [q_tok], ctx_p + [q_pos], dup[0]))
+            want.append(np.asarray(tr["logits"][s, b, kw]))
+    assert seqs
+    for (toks, pos, dup), logits in zip(seqs, want):
+        n = len(toks)
+        visible = np.tril(np.ones((n, n), bool))
+        visible[-1, dup] = False  # the query is that token again: it sees itself once
+        ref, _ = model_lib.apply(tiny_params, tiny_config, np.asarray([toks], np.int32), np.asarray([pos], np.int32),
+                                 window_mask=visible[None])
+        np.testing.assert_allclose(logits, np.asarray(ref)[0, -1], atol=3e-5, rtol=1e-5)
+
+
+def test_mode_a_option_errors():
+    for field, value in (("mdm_order", "sorted"), ("mdm_sequential", "clean")):
+        with pytest.raises(ValueError, match=f"{field}='{value}'"):
+            GenerationConfig(mode="mdm", **{field: value}).validate()

@@ -139,6 +139,9 @@ class ModelConfig:
         return v * d + self.num_layers * layer + d + head
 
 
+SEQUENTIAL_CONVENTIONS = ("ar", "mdm")
+
+
 @dataclasses.dataclass(frozen=True)
 class ZaryaConfig:
     """Zarya's diffusion hyperparameters (SPEC §1–§3), defaults from the paper / ReFusion."""
@@ -161,6 +164,10 @@ class ZaryaConfig:
     slot_step_borders: tuple[float, ...] = (0.06, 0.2, 0.4, 0.6, 0.8, 1.0)
     antithetic_sampling: bool = False
     elbo_weight: bool = False  # Eso-LM's α0(1−eps)/(1−α_t) instead of 1/p_mask (SPEC §3.3)
+    # Non-slotted sequential pass (SPEC §3.3): "ar" — the clean x0, row i targets a masked x0[i + 1];
+    # "mdm" — Eso-LM's reconstruction loss: masked copies that see the clean tokens before them (in
+    # Eso-LM's sampling order) and predict themselves, the query mode A's sequential phase asks.
+    sequential_convention: str = "ar"
 
     def __post_init__(self):
         object.__setattr__(self, "slot_size_set", tuple(int(s) for s in self.slot_size_set))
@@ -172,6 +179,9 @@ class ZaryaConfig:
         if not 0.0 <= self.diffusion_loss_proportion <= 1.0:
             raise ConfigError(
                 f"ZaryaConfig.diffusion_loss_proportion={self.diffusion_loss_proportion}: expected [0, 1]")
+        if self.sequential_convention not in SEQUENTIAL_CONVENTIONS:
+            raise ConfigError(f"ZaryaConfig.sequential_convention={self.sequential_convention!r}: expected one "
+                              f"of {SEQUENTIAL_CONVENTIONS}")
         if self.max_span_length < 1:
             raise ConfigError(f"ZaryaConfig.max_span_length={self.max_span_length}: expected ≥ 1")
         if not self.slot_size_set or any(s < 1 for s in self.slot_size_set):

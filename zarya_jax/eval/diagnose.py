@@ -16,6 +16,11 @@ differs from the reference answer (EOS included): its offset within a slot, its 
 answer's end, and whether the output was cut short (no EOS, fewer tokens than the reference: the
 token budget ran out). `explain(...)` turns both into one sentence per mode that loses accuracy.
 
+Mode A's sequential phase asks the MDM head a mask after the whole decoded context, read from its own
+row: at slot size 1 the MDM column above is exactly that query on a clean prefix (mode A at α0 = 0),
+so `analyse` always scores slot size 1; and `split_first_errors` counts mode A's first errors by the
+phase that decoded the token (predictions carry `diffusion_offsets`, from `evaluate`).
+
 `analyse(...)` does all of it for an evaluation (`evaluate`'s summary and predictions) and `markdown`
 renders it: the quickstart report's diagnostics section and `python -m experiments.evaluate --diagnose`.
 """
@@ -136,6 +141,19 @@ def first_errors(outputs: Sequence[Sequence[int]], references: Sequence[Sequence
             "by_slot_offset": dict(sorted(by_slot.items())), "by_distance_from_end": dict(sorted(by_end.items()))}
 
 
+def split_first_errors(outputs: Sequence[Sequence[int]], references: Sequence[Sequence[int]],
+                       diffusion_offsets: Sequence[Sequence[int]]) -> dict:
+    """Mode A's first errors by phase: {'diffusion', 'sequential', 'cut_short'} counts, a token being a
+    diffusion token when its offset is in that output's `diffusion_offsets`."""
+    counts = {"diffusion": 0, "sequential": 0, "cut_short": 0}
+    for out, ref, dif in zip(outputs, references, diffusion_offsets):
+        i = first_error(list(out), list(ref))
+        if i is None:
+            continue
+        counts["cut_short" if i >= len(out) else ("diffusion" if i in set(dif) else "sequential")] += 1
+    return counts
+
+
 def explain(label: str, accuracy: float, ar_accuracy: float, errors: dict, offsets: list[dict]) -> str:
     """One sentence: how many points a mode loses against AR, where its first errors fall and what
     each head scores there (teacher-forced)."""
@@ -175,7 +193,7 @@ def analyse(model: Inference, records, summary, predictions, slot_sizes) -> dict
     for r in records:
         prompt, answer = render.render(r, tokenizer, prompt_format)
         examples.append((tokenizer.encode(prompt), tokenizer.encode(answer) + ([eos] if eos is not None else [])))
-    slot_sizes = sorted(set(slot_sizes))
+    slot_sizes = sorted(set(slot_sizes) | {1})  # 1: mode A's sequential query on a clean prefix
     heads = {}
     for s in slot_sizes:
         scores = teacher_forced(params, model_config, examples, s)
@@ -187,6 +205,9 @@ def analyse(model: Inference, records, summary, predictions, slot_sizes) -> dict
         s = row["generation_config"]["slot_size"] if mode == "slotted" else slot_sizes[-1]
         outs = [p["output_ids"] for p in predictions if p["mode"] == mode]
         errors[mode] = first_errors(outs, [a for _, a in examples], s, eos)
+        dif = [p.get("diffusion_offsets") for p in predictions if p["mode"] == mode]
+        if mode == "mdm" and dif and all(d is not None for d in dif):
+            errors[mode]["by_phase"] = split_first_errors(outs, [a for _, a in examples], dif)
         if ar is not None and mode != "ar" and row["accuracy"] < ar["accuracy"]:
             explanations.append(explain(row["label"], row["accuracy"], ar["accuracy"], errors[mode],
                                         heads[s]["by_offset"] if s in heads else []))
@@ -212,4 +233,12 @@ def markdown(diag: dict) -> str:
         offs = " ".join(f"{k}:{v}" for k, v in e["by_slot_offset"].items()) or "–"
         lines.append(f"| {MODE_LABELS.get(mode, mode)} | {e['wrong']}/{e['outputs']} | {e['cut_short']} | "
                      f"{offs} (S={e['slot_size']}) |")
+    phases = {m: e["by_phase"] for m, e in diag["first_errors"].items() if "by_phase" in e}
+    if phases:
+        lines += ["", "| mode | first errors in diffusion tokens | in sequential tokens | cut short |", "|---|---|---|---|"]
+        lines += [f"| {MODE_LABELS.get(m, m)} | {c['diffusion']} | {c['sequential']} | {c['cut_short']} |"
+                  for m, c in phases.items()]
+    if "1" in diag["heads"]:
+        lines += ["", f"Mode A's sequential query (a mask after a clean prefix, its own row; slot size 1): MDM head "
+                  f"{pct(diag['heads']['1']['overall']['mdm'])} teacher-forced."]
     return "\n".join(lines) + "\n"

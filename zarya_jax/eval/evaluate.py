@@ -212,7 +212,7 @@ def evaluate_mode(params, config, tokenizer, prompts: list[list[int]], gen_confi
         for chunk in widths.values():
             call(_pad_batch(chunk, batch_size), keys[0])
     compile_s = time.perf_counter() - t0
-    texts, ids, lengths, passes = [], [], [], []
+    texts, ids, lengths, passes, diffusion = [], [], [], [], []
     t0 = time.perf_counter()
     for i, k in zip(starts, keys):
         chunk = prompts[i:i + batch_size]
@@ -226,6 +226,9 @@ def evaluate_mode(params, config, tokenizer, prompts: list[list[int]], gen_confi
         lengths += [int(x) for x in lens]
         fp = _stat(out, "num_forward_passes", n)
         passes += [int(x) for x in fp] if fp is not None else [0] * n
+        order, n_d = _stat(out, "order", n), _stat(out, "num_diffusion", n)
+        if order is not None and n_d is not None:  # mode A: which offsets its diffusion phase decoded
+            diffusion += [sorted(int(o) for o in order[r, :int(n_d[r])]) for r in range(n)]
         if progress:
             progress(min(i + batch_size, len(prompts)), len(prompts))
     wall = time.perf_counter() - t0
@@ -234,6 +237,7 @@ def evaluate_mode(params, config, tokenizer, prompts: list[list[int]], gen_confi
     # number of generated tokens per row divided by that row's passes, averaged over rows.
     tpf = [l / p for l, p in zip(lengths, passes) if p > 0]
     return {"texts": texts, "ids": ids, "lengths": lengths, "forward_passes": passes, "wall_s": wall,
+            "diffusion_offsets": diffusion or None,
             "compile_s": compile_s,
             "tokens": total_tokens, "tokens_per_s": total_tokens / wall if wall > 0 else float("nan"),
             "tokens_per_forward": float(np.mean(tpf)) if tpf else float("nan")}
@@ -300,6 +304,8 @@ def evaluate(model: Inference, records: list[dict], ev: EvalConfig, *, knobs: di
                                 "output": text, "output_ids": res["ids"][i], "prediction": pred, "gold": golds[i],
                                 "correct": bool(ok),
                                 "num_tokens": res["lengths"][i], "forward_passes": res["forward_passes"][i]})
+            if res["diffusion_offsets"] is not None:
+                predictions[-1]["diffusion_offsets"] = res["diffusion_offsets"][i]
         row = {"mode": mode, "label": MODE_LABELS[mode], "examples": len(prompts),
                "accuracy": correct / len(prompts), "tokens_per_forward": res["tokens_per_forward"],
                "tokens_per_s": res["tokens_per_s"], "generated_tokens": res["tokens"],

@@ -2,7 +2,7 @@
 every decoding mode over a grid of its knobs, and the knobs of each mode chosen on a validation split.
 
 Training and decoding are decoupled (SPEC §4), so one checkpoint yields a whole frontier without any
-retraining: mode B over τs × τt × S × NB × the AR corrections (`sampling.slotted`), mode A over T × α0,
+retraining: mode B over τs × τt × S × NB × the AR corrections (`sampling.slotted`), mode A over T × α0 × order × sequential convention,
 speculative decoding over F, AR as the reference point. Mode B's thresholds and corrections are
 runtime values, so each (S, NB) compiles once (`sampling.generate`).
 
@@ -20,6 +20,7 @@ import dataclasses
 import itertools
 
 from ..inference import Inference
+from ..sampling.config import MDM_ORDERS, MDM_SEQUENTIAL
 from ..sampling.generate import static_key
 from .evaluate import MODE_LABELS, EvalConfig, evaluate, generation_config
 
@@ -32,7 +33,10 @@ class FrontierConfig:
 
     slotted_*: mode B's grid; `slotted_serial_num_blocks` 0 means one slot per block (NB = G // S).
     slotted_corrections: "refusion" (ReFusion's rule), "infill" (`ar_infill`), "both" (plus `ar_first_token`).
-    mdm_steps × mdm_alpha0: mode A's grid (T = 0 ignores α0). draft_lengths: F of spec-self / spec-lora.
+    mdm_steps × mdm_alpha0 × mdm_orders × mdm_sequential: mode A's grid (T = 0 ignores α0 and the
+      sequential convention, α0 = 1 the convention). Mode A beats AR's tokens per forward only when
+      α0·M > T (≈ M / (1 + min(N_d, T) + (1 − α0)·M)), so the default grid has no α0 = 0.25 point (≈ 0.85
+      by construction at T = 16) and no T = 16 point. draft_lengths: F of spec-self / spec-lora.
     tolerance: the fraction of the validation examples a chosen point may lose to AR (answer wrongly where AR
       is right); 0 (the default) asks for every answer AR gets right — parallel decoding at AR quality, the
       papers' claim.
@@ -44,8 +48,10 @@ class FrontierConfig:
     slotted_slot_threshold: tuple[float, ...] = (0.9,)
     slotted_token_threshold: tuple[float, ...] = (0.3, 0.5, 0.7, 0.9)
     slotted_corrections: tuple[str, ...] = ("refusion", "infill", "both")
-    mdm_steps: tuple[int, ...] = (0, 8, 16)
-    mdm_alpha0: tuple[float, ...] = (0.25, 0.5, 1.0)
+    mdm_steps: tuple[int, ...] = (0, 8)
+    mdm_alpha0: tuple[float, ...] = (0.5, 1.0)
+    mdm_orders: tuple[str, ...] = ("random", "confidence")
+    mdm_sequential: tuple[str, ...] = ("mask", "ar")
     draft_lengths: tuple[int, ...] = (2, 4, 8, 16)
     tolerance: float = 0.0
     enabled: bool = True
@@ -59,6 +65,10 @@ class FrontierConfig:
                 raise ValueError(f"frontier.{name}={getattr(self, name)}: expected values ≥ 1")
         if any(v < 0 for v in self.slotted_serial_num_blocks + self.mdm_steps):
             raise ValueError("frontier.slotted_serial_num_blocks / mdm_steps: expected values ≥ 0")
+        bad = (set(self.mdm_orders) - set(MDM_ORDERS)) | (set(self.mdm_sequential) - set(MDM_SEQUENTIAL))
+        if bad:
+            raise ValueError(f"frontier.mdm_orders / mdm_sequential: unknown {sorted(bad)}; expected orders "
+                             f"{list(MDM_ORDERS)} and conventions {list(MDM_SEQUENTIAL)}")
         if not 0.0 <= self.tolerance <= 1.0:
             raise ValueError(f"frontier.tolerance={self.tolerance}: expected a value in [0, 1]")
 
@@ -85,11 +95,28 @@ def grid_points(fc: FrontierConfig, modes, max_new_tokens: int) -> list[tuple[st
                     seen.add(key)
                     points.append(("slotted", knobs))
         elif mode == "mdm":
-            for t in fc.mdm_steps:
-                for a in (fc.mdm_alpha0[:1] if t == 0 else fc.mdm_alpha0):
-                    points.append(("mdm", {"steps": t, "alpha0": a}))
+            points += [("mdm", k) for k in mdm_points(fc)]
         elif mode in ("spec-self", "spec-lora"):
             points += [(mode, {"draft_length": f}) for f in fc.draft_lengths]
+    return points
+
+
+def mdm_points(fc: FrontierConfig) -> list[dict]:
+    """Mode A's knobs, without the points a knob cannot change; the paper's defaults are left out of
+    each dict (so a paper point reads as before)."""
+    points, seen = [], set()
+    for t, a, order, seq in itertools.product(fc.mdm_steps, fc.mdm_alpha0, fc.mdm_orders, fc.mdm_sequential):
+        a = fc.mdm_alpha0[0] if t == 0 else a
+        seq = "mask" if t == 0 or a == 1.0 else seq  # no sequential phase
+        knobs = {"steps": t, "alpha0": a}
+        if order != "random":
+            knobs["mdm_order"] = order
+        if seq != "mask":
+            knobs["mdm_sequential"] = seq
+        key = tuple(sorted(knobs.items()))
+        if key not in seen:
+            seen.add(key)
+            points.append(knobs)
     return points
 
 
@@ -102,7 +129,10 @@ def describe(mode: str, knobs: dict) -> str:
         return (f"S={knobs['slot_size']} NB={knobs['serial_num_blocks']} τs={knobs['slot_threshold']:g} "
                 f"τt={knobs['token_threshold']:g} {corr}")
     if mode == "mdm":
-        return f"T={knobs['steps']} α0={knobs['alpha0']:g}" if knobs["steps"] else "T=0"
+        base = f"T={knobs['steps']} α0={knobs['alpha0']:g}" if knobs["steps"] else "T=0"
+        extra = [f"{knobs['mdm_order']} order"] if knobs.get("mdm_order", "random") != "random" else []
+        extra += ["AR-row sequential"] if knobs.get("mdm_sequential", "mask") == "ar" else []
+        return " ".join([base] + extra)
     if mode.startswith("spec"):
         return f"F={knobs['draft_length']}"
     return ""

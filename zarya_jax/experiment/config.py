@@ -138,7 +138,8 @@ SMOKE = {"task.num_train": 64, "task.num_test": 4, "task.num_val": 4, "model.hid
          "eval.knobs.spec-self.draft_length": 4, "frontier.slotted_slot_size": [4],
          "frontier.slotted_serial_num_blocks": [0], "frontier.slotted_slot_threshold": [0.9],
          "frontier.slotted_token_threshold": [0.5, 0.9], "frontier.slotted_corrections": ["refusion", "both"],
-         "frontier.mdm_steps": [0, 2], "frontier.mdm_alpha0": [0.5], "frontier.draft_lengths": [4]}
+         "frontier.mdm_steps": [0, 2], "frontier.mdm_alpha0": [0.5], "frontier.mdm_orders": ["confidence"],
+         "frontier.mdm_sequential": ["ar"], "frontier.draft_lengths": [4]}
 """The smoke size (`--smoke`, tests): seconds instead of minutes, a tiny model, a handful of steps and
 examples, one slot size."""
 

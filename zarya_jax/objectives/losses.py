@@ -7,7 +7,10 @@
          or the ELBO weight).
 
 `zarya_loss` runs the transform (slotted or not, per `ZaryaConfig.slotted_training`), the model and
-the loss; `loss_from_logits` is the loss alone, given the transform's outputs and the logits.
+the loss; `loss_from_logits` is the loss alone, given the transform's outputs and the logits. With
+`sequential_convention="mdm"` (non-slotted) the sequential rows are replaced by Eso-LM's reconstruction
+rows (`objectives.reconstruction`), run in a second forward of their own shape; both parts are
+flattened into one set of per-token arrays before the loss.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import jax.numpy as jnp
 from ..config import ConfigError, ModelConfig, ZaryaConfig
 from ..nn import model as model_lib
 from .noise import noise_transform
+from .reconstruction import reconstruction_rows
 from .slots import slotted_transform
 
 Array = jax.Array
@@ -49,6 +53,11 @@ def token_cross_entropy(logits: Array, targets: Array) -> tuple[Array, Array]:
 def loss_from_logits(logits: Array, inputs: dict, zarya_config: ZaryaConfig, slot_size: int = 0):
     """Loss and metrics from logits [R, L, V] in the physical order of `inputs` (a transform's output)."""
     ce, hit = token_cross_entropy(logits, inputs["targets"])
+    return loss_from_token_ce(ce, hit, inputs, zarya_config, slot_size)
+
+
+def loss_from_token_ce(ce: Array, hit: Array, inputs: dict, zarya_config: ZaryaConfig, slot_size: int = 0):
+    """`loss_from_logits` given per-token CE and hits [R, L] (`inputs["primary"]` [R] or [R, L])."""
     w = inputs["weights"].astype(jnp.float32)
     has = w > 0
     seq = has & ~inputs["is_dif"]
@@ -69,7 +78,8 @@ def loss_from_logits(logits: Array, inputs: dict, zarya_config: ZaryaConfig, slo
     else:
         loss = lam * loss_dif + (1.0 - lam) * loss_seq
 
-    primary = jnp.broadcast_to(inputs["primary"][:, None], inputs["answer"].shape)
+    primary = inputs["primary"]
+    primary = jnp.broadcast_to(primary[:, None] if primary.ndim == 1 else primary, inputs["answer"].shape)
     answer = inputs["answer"] & primary
     n_answer = jnp.sum(answer)
     metrics = {
@@ -99,6 +109,33 @@ def zarya_loss(params, model_config: ModelConfig, zarya_config: ZaryaConfig, bat
     """
     inputs = transform(key, batch, zarya_config, slot_size, mask_id_of(model_config))
     apply_fn = model_lib.apply if apply_fn is None else apply_fn
-    out = apply_fn(params, model_config, inputs["tokens"], inputs["positions"], segment_ids=inputs["segment_ids"])
-    logits = out[0] if isinstance(out, tuple) else out
-    return loss_from_logits(logits, inputs, zarya_config, slot_size)
+
+    def logits_of(rows, **attention):
+        out = apply_fn(params, model_config, rows["tokens"], rows["positions"], **attention)
+        return out[0] if isinstance(out, tuple) else out
+
+    if zarya_config.slotted_training or zarya_config.sequential_convention == "ar":
+        return loss_from_logits(logits_of(inputs, segment_ids=inputs["segment_ids"]), inputs, zarya_config,
+                                slot_size)
+    # Rows 2b are the sequential pass (x0), 2b + 1 the diffusion pass (see `noise_transform`).
+    dif = {k: v[1::2] for k, v in inputs.items() if k != "window_mask"}
+    rec = reconstruction_rows({k: v[0::2] for k, v in inputs.items()}, mask_id_of(model_config))
+    parts = [(dif, logits_of(dif, segment_ids=dif["segment_ids"])),
+             (rec, logits_of(rec, window_mask=rec["window_mask"]))]
+    return loss_from_flat(parts, zarya_config)
+
+
+def loss_from_flat(parts, zarya_config: ZaryaConfig):
+    """The loss over several (inputs, logits) parts of different shapes, as one row of all their tokens."""
+    fields = ("weights", "is_dif", "answer", "masked", "p_mask", "ans_len")
+    ces, hits, flat = [], [], {k: [] for k in fields + ("primary",)}
+    for rows, logits in parts:
+        ce, hit = token_cross_entropy(logits, rows["targets"])
+        ces.append(ce.reshape(-1))
+        hits.append(hit.reshape(-1))
+        for k in fields:
+            flat[k].append(rows[k].reshape(-1))
+        flat["primary"].append(jnp.broadcast_to(rows["primary"][:, None], rows["answer"].shape).reshape(-1))
+    merged = {k: jnp.concatenate(v)[None] for k, v in flat.items()}
+    merged["num_examples"] = sum(jnp.sum(rows["num_examples"]) for rows, _ in parts)[None]
+    return loss_from_token_ce(jnp.concatenate(ces)[None], jnp.concatenate(hits)[None], merged, zarya_config)

@@ -27,5 +27,7 @@ def zarya_objective(model_config: ModelConfig, zarya_config: ZaryaConfig) -> Obj
         def static_at(step, total):
             return curriculum.slot_size_at(zarya_config, step, total)
         return Objective(loss_fn, static_at, 1.0, "zarya-slotted", export)
-    # The non-slotted objective runs a sequential and a diffusion pass (SPEC §3.3).
-    return Objective(loss_fn, lambda step, total: 0, 2.0, "zarya-eso", export)
+    # The non-slotted objective runs a sequential and a diffusion pass (SPEC §3.3); the reconstruction
+    # rows of the MDM convention are twice as long.
+    passes = 3.0 if zarya_config.sequential_convention == "mdm" else 2.0
+    return Objective(loss_fn, lambda step, total: 0, passes, "zarya-eso", export)

@@ -14,11 +14,13 @@ import numpy as np
 MODES = ("ar", "mdm", "slotted", "spec")
 DRAFTERS = ("lora", "self")
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+MDM_ORDERS = ("random", "logical", "confidence")
+MDM_SEQUENTIAL = ("mask", "ar")
 # Which knobs each sampler reads; setting another (e.g. `slot_size` for AR) would be silently ignored,
 # so `check_knobs` refuses it. `mode`, `slotted_generation` and `drafter` choose the sampler.
 COMMON_KNOBS = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "eos_token_id",
                 "stop_at_eos", "prompt_bucket", "kv_cache_dtype")
-MODE_KNOBS = {"ar": COMMON_KNOBS, "mdm": COMMON_KNOBS + ("steps", "alpha0"),
+MODE_KNOBS = {"ar": COMMON_KNOBS, "mdm": COMMON_KNOBS + ("steps", "alpha0", "mdm_order", "mdm_sequential"),
               "slotted": COMMON_KNOBS + ("slot_size", "serial_num_blocks", "slot_threshold", "token_threshold",
                                          "ar_infill", "ar_first_token"),
               "spec": COMMON_KNOBS + ("draft_length",)}
@@ -47,6 +49,9 @@ class GenerationConfig:
       by `slotted_generation` as the paper does (True → "slotted", False → "mdm").
     temperature (0 = greedy), top_k (0 = off), top_p (1.0 = off), repetition_penalty (1.0 = off): SPEC §4.
     steps, alpha0: mode A's T (0 → ceil(M/4) diffusion steps of ≤ 4 tokens) and diffusion share.
+    mdm_order, mdm_sequential: mode A beyond the paper (defaults = the paper): the diffusion tokens in
+      "random" | "logical" | "confidence" order; the sequential phase read from the mask's own row
+      ("mask", MDM convention) or from the AR row of the token before it ("ar"); see `sampling.mdm`.
     slot_size, serial_num_blocks, slot_threshold, token_threshold: mode B. `slot_threshold` in [0, 1];
       any value > 1 is accepted and means "one slot per plan" (no first-token probability exceeds it,
       so the single most confident slot is always chosen, as in ReFusion's code).
@@ -69,6 +74,8 @@ class GenerationConfig:
     repetition_penalty: float = 1.0
     steps: int = 0
     alpha0: float = 0.25
+    mdm_order: str = "random"
+    mdm_sequential: str = "mask"
     slot_size: int = 8
     serial_num_blocks: int = 2
     slot_threshold: float = 0.9
@@ -121,6 +128,11 @@ class GenerationConfig:
             raise ValueError(f"GenerationConfig.token_threshold={self.token_threshold!r}: expected a value in [0, 1]")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"GenerationConfig.kv_cache_dtype={self.kv_cache_dtype!r}: expected one of {KV_CACHE_DTYPES}")
+        if self.mdm_order not in MDM_ORDERS:
+            raise ValueError(f"GenerationConfig.mdm_order={self.mdm_order!r}: expected one of {MDM_ORDERS}")
+        if self.mdm_sequential not in MDM_SEQUENTIAL:
+            raise ValueError(
+                f"GenerationConfig.mdm_sequential={self.mdm_sequential!r}: expected one of {MDM_SEQUENTIAL}")
         if self.drafter not in DRAFTERS:
             raise ValueError(f"GenerationConfig.drafter={self.drafter!r}: expected one of {DRAFTERS}")
         if self.resolved_mode == "slotted" and self.slot_size > self.max_new_tokens:

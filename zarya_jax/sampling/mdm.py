@@ -7,10 +7,18 @@ Per row, with M = max_new_tokens masks after the prompt:
    (N_d < T) are skipped: they would sample nothing and leave the cache unchanged.
 2. Order. The diffusion tokens in a random order, then the sequential ones left to right; the
    generated tokens are laid out physically in that order (logical positions carried, SPEC §0).
+   Beyond the paper (`mdm_order`): "logical" takes the diffusion tokens left to right (chunks of k_s);
+   "confidence" feeds every undecoded mask at each diffusion step and commits the k_s whose most likely
+   token is most probable (listed in logical order), so the window's mask half has M rows.
 3. Step s feeds the window `[tokens sampled at step s−1 ; this step's k_s masks]` against the cache
    (window K = ⌈M/T⌉ (T > 0) or min(4, M) rows per half; unused rows are masked), commits the K/V of
    the clean half only, and samples the masks (MDM convention: a mask's logits row predicts its own
    position). The last step's tokens are never fed back (no pass needs them).
+   With `mdm_sequential="ar"` (beyond the paper) a sequential step reads offset o from the AR row of
+   the token before it (offset o − 1, or the last prompt token): that token is fed again, uncommitted,
+   at its own position, and its committed copy (in the cache or in this window) is hidden from it, so
+   the row sees exactly the decoded context, as the AR-convention sequential pass is trained
+   (SPEC §3.3). With α0 = 0 this is the AR sampler.
 4. Tokens are scattered by logical offset, so the output is in logical order.
 EOS: a row stops once every position before its first decoded EOS is decoded; the sequential tail
 then ends at the EOS.
@@ -31,9 +39,14 @@ Array = jax.Array
 
 
 def window_rows(gcfg: GenerationConfig) -> int:
-    """Static K: the most masks any step holds (the window has 2K rows)."""
+    """Static K: the most tokens any step commits (the window's first half)."""
     m, t = gcfg.max_new_tokens, gcfg.steps
     return -(-m // t) if t > 0 else min(4, m)
+
+
+def query_rows(gcfg: GenerationConfig) -> int:
+    """Static rows of the window's query half: K, or M when every undecoded mask is scored."""
+    return gcfg.max_new_tokens if gcfg.mdm_order == "confidence" else window_rows(gcfg)
 
 
 def max_steps(gcfg: GenerationConfig) -> int:
@@ -60,8 +73,11 @@ def plan(key: Array, gcfg: GenerationConfig, batch: int) -> tuple[Array, Array, 
         n_d = jnp.full((batch,), m, jnp.int32)
     compact = jnp.argsort(sizes == 0, axis=1, stable=True)
     sizes = jnp.take_along_axis(sizes, compact, axis=1).astype(jnp.int32)
-    rank = jnp.argsort(jnp.argsort(jax.random.uniform(k_order, (batch, m)), axis=1), axis=1)
     offsets = jnp.arange(m)[None, :]
+    if gcfg.mdm_order == "random":
+        rank = jnp.argsort(jnp.argsort(jax.random.uniform(k_order, (batch, m)), axis=1), axis=1)
+    else:  # logical (and confidence's placeholder: its order is chosen while decoding)
+        rank = jnp.broadcast_to(offsets, (batch, m))
     sort_key = jnp.where(rank < n_d[:, None], rank, n_d[:, None] + offsets)
     order = jnp.argsort(sort_key, axis=1).astype(jnp.int32)
     return order, sizes, (sizes > 0).sum(1).astype(jnp.int32), n_d
@@ -70,27 +86,36 @@ def plan(key: Array, gcfg: GenerationConfig, batch: int) -> tuple[Array, Array, 
 def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: GenerationConfig,
         debug: bool = False, dyn: dict | None = None) -> dict:
     """Mode A decode. tokens int32 [B, P] right-padded, lengths [B]. Returns tokens [B, M] (logical),
-    lengths, num_forward_passes [B] (prefill included), loop_passes, order [B, M], num_diffusion [B];
-    with debug a per-pass 'trace' (logits/tokens/positions/valid [S, B, 2K, ·], cache_len [S, B])."""
+    lengths, num_forward_passes [B] (prefill included), loop_passes, order [B, M] (logical offsets in
+    physical order), num_diffusion [B]; with debug a per-pass 'trace' (logits/tokens/positions/valid
+    [S, B, K + Q, ·], cache_len [S, B]; Q = `query_rows`)."""
     b, p = tokens.shape
     m = gcfg.max_new_tokens
-    kw = window_rows(gcfg)
-    w = 2 * kw
+    kw, kq = window_rows(gcfg), query_rows(gcfg)
+    w = kw + kq
     n_steps_max = max_steps(gcfg)
     eos, pad = decoding.special_ids(config, gcfg)
     mask_id = config.mask_token_id
     draw = decoding.sampler(config, gcfg)
     stop = eos is not None and gcfg.stop_at_eos
+    confidence = gcfg.mdm_order == "confidence"
+    ar_rows = gcfg.mdm_sequential == "ar"
     k_plan, k_sample = jax.random.split(key)
-    order, sizes, n_steps, n_diff = plan(k_plan, gcfg, b)
+    planned, sizes, n_steps, n_diff = plan(k_plan, gcfg, b)
+    # Non-empty diffusion steps come first (k_s ≤ ⌈M/T⌉ evenly spread); T = 0 has no sequential phase.
+    n_dif_steps = jnp.minimum(n_diff, gcfg.steps) if gcfg.steps > 0 else n_steps
     starts = jnp.cumsum(sizes, axis=1) - sizes
-    _, cache = decoding.prefill(params, config, tokens, lengths, p + m, gcfg.kv_cache_dtype)
+    cache_rows = p + m
+    _, cache = decoding.prefill(params, config, tokens, lengths, cache_rows, gcfg.kv_cache_dtype)
     rows = jnp.arange(b)[:, None]
     offs = jnp.arange(m)[None, :]
     slot = jnp.arange(kw)[None, :]
+    qslot = jnp.arange(kq)[None, :]
+    last_prompt = tokens[jnp.arange(b), lengths - 1]
 
     state = dict(s=jnp.int32(0), cache=cache, gen=jnp.full((b, m), pad, jnp.int32),
                  decoded=jnp.zeros((b, m), bool), prev_off=jnp.full((b, kw), m, jnp.int32),
+                 order=jnp.zeros((b, m), jnp.int32), phys=jnp.zeros((b, m), jnp.int32),
                  done=jnp.zeros((b,), bool), nfe=jnp.ones((b,), jnp.int32),
                  presence=decoding.initial_presence(tokens, lengths, config.vocab_size, gcfg))
     if debug:
@@ -100,6 +125,17 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
                               valid=jnp.zeros((n_steps_max, b, w), bool),
                               cache_len=jnp.zeros((n_steps_max, b), jnp.int32))
 
+    def candidates(st, s, k_s, sequential):
+        """This step's query rows: (logical offsets [B, Q], valid [B, Q])."""
+        if confidence:
+            undecoded = jnp.argsort(st["decoded"], axis=1, stable=True)[:, :kq].astype(jnp.int32)
+            n_left = m - st["decoded"].sum(1)
+            # Diffusion: every undecoded mask competes; sequential: the leftmost one alone.
+            n_cand = jnp.where(sequential, jnp.minimum(n_left, 1), n_left) * (k_s > 0)
+            return undecoded, qslot < n_cand[:, None]
+        phys = jnp.clip(starts[:, s][:, None] + qslot, 0, m - 1)
+        return jnp.take_along_axis(planned, phys, axis=1), qslot < k_s[:, None]
+
     def cond(st):
         return (st["s"] < n_steps_max) & jnp.any(~st["done"])
 
@@ -107,29 +143,64 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
         s = st["s"]
         active = ~st["done"] & (s < n_steps)
         k_s = jnp.where(active, sizes[:, s], 0)
-        phys = jnp.clip(starts[:, s][:, None] + slot, 0, m - 1)
-        mask_valid = slot < k_s[:, None]
-        mask_off = jnp.where(mask_valid, jnp.take_along_axis(order, phys, axis=1), m)
+        sequential = s >= n_dif_steps
+        q_off, q_valid = candidates(st, s, k_s, sequential)
+        q_off = jnp.where(q_valid, q_off, m)
         prev_valid = (st["prev_off"] < m) & active[:, None]
         prev_tok = jnp.take_along_axis(st["gen"], jnp.minimum(st["prev_off"], m - 1), axis=1)
-        win_tok = jnp.concatenate([jnp.where(prev_valid, prev_tok, pad),
-                                   jnp.where(mask_valid, mask_id, pad)], axis=1)
-        win_off = jnp.minimum(jnp.concatenate([st["prev_off"], mask_off], axis=1), m - 1)
-        win_pos = lengths[:, None] + win_off
-        valid = jnp.concatenate([prev_valid, mask_valid], axis=1)
-        logits, kv = model_lib.apply(params, config, win_tok, win_pos,
-                                     window_mask=masks.causal_with_padding(valid), cache=st["cache"])
-        cache = kv_cache.commit(st["cache"], kv, jnp.concatenate([prev_valid, jnp.zeros_like(mask_valid)], 1))
-        new_tok = draw(jax.random.fold_in(k_sample, s), logits[:, kw:], st["presence"])
-        gen = st["gen"].at[rows, mask_off].set(new_tok, mode="drop")
-        decoded = st["decoded"].at[rows, mask_off].set(True, mode="drop")
+        q_tok = jnp.where(q_valid, mask_id, pad)
+        q_pos = lengths[:, None] + jnp.minimum(q_off, m - 1)
+        window_mask = masks.causal_with_padding(jnp.concatenate([prev_valid, q_valid], axis=1))
+        cache_mask = None
+        if ar_rows:
+            # A sequential step's query row is the token before its target, read in the AR convention.
+            requery = q_valid & sequential[:, None]
+            before = jnp.maximum(q_off - 1, 0)
+            first = q_off == 0
+            before_tok = jnp.where(first, last_prompt[:, None], jnp.take_along_axis(st["gen"], before, axis=1))
+            q_tok = jnp.where(requery, before_tok, q_tok)
+            q_pos = jnp.where(requery, q_pos - 1, q_pos)
+            # Hide the committed copy of that token: in the cache (prompt or earlier step) or in this window.
+            dup = jnp.where(first, lengths[:, None] - 1,
+                            lengths[:, None] + jnp.take_along_axis(st["phys"], before, axis=1))
+            hide_cache = requery[:, :, None] & (jnp.arange(cache_rows)[None, None, :] == dup[:, :, None])
+            seen = jnp.arange(cache_rows)[None, None, :] < st["cache"]["length"][:, None, None]
+            cache_mask = jnp.concatenate([jnp.broadcast_to(seen, (b, kw, cache_rows)), seen & ~hide_cache], 1)
+            hide_prev = requery[:, :, None] & (st["prev_off"][:, None, :] == q_off[:, :, None] - 1)
+            window_mask = window_mask & ~jnp.pad(hide_prev, ((0, 0), (kw, 0), (0, kq)))
+        win_tok = jnp.concatenate([jnp.where(prev_valid, prev_tok, pad), q_tok], axis=1)
+        win_pos = jnp.concatenate([lengths[:, None] + jnp.minimum(st["prev_off"], m - 1), q_pos], axis=1)
+        valid = jnp.concatenate([prev_valid, q_valid], axis=1)
+        logits, kv = model_lib.apply(params, config, win_tok, win_pos, window_mask=window_mask,
+                                     cache=st["cache"], cache_mask=cache_mask)
+        cache = kv_cache.commit(st["cache"], kv, jnp.concatenate([prev_valid, jnp.zeros_like(q_valid)], 1))
+        q_logits = logits[:, kw:]
+        new_tok = draw(jax.random.fold_in(k_sample, s), q_logits, st["presence"])
+        if confidence:
+            # The k_s rows whose most likely token is most probable (the mask token is never sampled).
+            banned = jnp.arange(config.vocab_size) == mask_id
+            score = jnp.max(jax.nn.log_softmax(jnp.where(banned, -jnp.inf, q_logits), axis=-1), axis=-1)
+            rank = jnp.argsort(jnp.argsort(jnp.where(q_valid, -score, jnp.inf), axis=1), axis=1)
+            chosen = q_valid & (rank < k_s[:, None])
+        else:
+            chosen = q_valid
+        # The chosen rows in logical order: their physical order in the cache from the next step on.
+        pick = jnp.argsort(~chosen, axis=1, stable=True)[:, :kw]
+        step_off = jnp.where(slot < k_s[:, None], jnp.take_along_axis(q_off, pick, axis=1), m)
+        step_tok = jnp.take_along_axis(new_tok, pick, axis=1)
+        step_phys = starts[:, s][:, None] + slot
+        gen = st["gen"].at[rows, step_off].set(step_tok, mode="drop")
+        decoded = st["decoded"].at[rows, step_off].set(True, mode="drop")
+        order = st["order"].at[rows, jnp.where(step_off < m, step_phys, m)].set(step_off, mode="drop")
+        phys_of = st["phys"].at[rows, step_off].set(step_phys, mode="drop")
         done = st["done"] | ~active | decoded.all(1)
         if stop:
             hit = decoded & (gen == eos)
-            first = jnp.where(hit.any(1), jnp.argmax(hit, axis=1), m)
-            done = done | (decoded | (offs > first[:, None])).all(1)
-        new = dict(s=s + 1, cache=cache, gen=gen, decoded=decoded, prev_off=mask_off, done=done,
-                   nfe=st["nfe"] + active, presence=decoding.add_presence(st["presence"], new_tok, mask_valid))
+            first_eos = jnp.where(hit.any(1), jnp.argmax(hit, axis=1), m)
+            done = done | (decoded | (offs > first_eos[:, None])).all(1)
+        new = dict(s=s + 1, cache=cache, gen=gen, decoded=decoded, prev_off=step_off, order=order, phys=phys_of,
+                   done=done, nfe=st["nfe"] + active,
+                   presence=decoding.add_presence(st["presence"], step_tok, step_off < m))
         if debug:
             tr = st["trace"]
             new["trace"] = dict(logits=tr["logits"].at[s].set(logits), tokens=tr["tokens"].at[s].set(win_tok),
@@ -139,6 +210,11 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
 
     st = jax.lax.while_loop(cond, body, state)
     out, out_lengths = decoding.finish(st["gen"], jnp.full((b,), m, jnp.int32), eos, gcfg, pad)
+    # Offsets a stopped row never decoded follow in logical order (they are cut by the output length).
+    left = jnp.argsort(st["decoded"], axis=1, stable=True).astype(jnp.int32)
+    n_dec = st["decoded"].sum(1)
+    order = jnp.where(offs < n_dec[:, None], st["order"],
+                      jnp.take_along_axis(left, jnp.clip(offs - n_dec[:, None], 0, m - 1), axis=1))
     result = dict(tokens=out, lengths=out_lengths, num_forward_passes=st["nfe"], loop_passes=st["s"] + 1,
                   order=order, num_diffusion=n_diff)
     if debug:
