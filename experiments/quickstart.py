@@ -34,6 +34,7 @@ import sys
 import time
 
 from zarya_jax import overrides
+from zarya_jax.data.tokenizer import load_tokenizer, model_vocab
 from zarya_jax.eval import tasks
 from zarya_jax.eval.evaluate import parse_modes
 from zarya_jax.train.hooks import OnStep, StepEvent
@@ -116,7 +117,10 @@ def config_from_args(args) -> pipeline.PipelineConfig:
         flags["eval.ckpt"] = args.ckpt
     if args.no_verify:
         flags["train.verify_checkpoints"] = False
-    return overrides.apply(pipeline.default_config(), {**flags, **overrides.parse_all(args.set)})
+    config = overrides.apply(pipeline.default_config(), {**flags, **overrides.parse_all(args.set)})
+    if config.data.tokenizer != "byte":  # another vocabulary: the model's vocab and special ids follow it
+        config = config.replace(model=model_vocab(config.model, load_tokenizer(config.data.tokenizer)))
+    return config
 
 
 def main(argv=None) -> int:
