@@ -11,6 +11,7 @@ the loss; `loss_from_logits` is the loss alone, given the transform's outputs an
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
@@ -44,6 +45,62 @@ def token_cross_entropy(logits: Array, targets: Array) -> tuple[Array, Array]:
     picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
     ce = jax.nn.logsumexp(logits, axis=-1) - picked
     return ce, jnp.argmax(logits, axis=-1) == targets
+
+
+def _without(z: Array, token_id: int | None) -> Array:
+    """fp32 logits with column `token_id` at -inf, as a fusable select (no scattered copy of [.., V])."""
+    z = z.astype(jnp.float32)
+    if token_id is None:
+        return z
+    return jnp.where(jax.lax.broadcasted_iota(jnp.int32, z.shape, z.ndim - 1) == token_id, -jnp.inf, z)
+
+
+def _draft_terms(zq, zp, targets, exclude_id):
+    """Per-row TV, CE and KL with their backward's residuals; every [.., V] pass is a fused reduction."""
+    zq, zp = _without(zq, exclude_id), _without(zp, exclude_id)
+    lse_q = jax.nn.logsumexp(zq, axis=-1, keepdims=True)
+    lse_p = jax.nn.logsumexp(zp, axis=-1, keepdims=True)
+    q, p = jnp.exp(zq - lse_q), jnp.exp(zp - lse_p)
+    sign = jnp.sign(q - p)
+    tv = jnp.sum(jnp.abs(q - p), axis=-1)
+    ce = lse_q[..., 0] - jnp.take_along_axis(zq, targets[..., None], axis=-1)[..., 0]
+    # log q − log p where q > 0 (0·(−inf) at the excluded column would be NaN)
+    log_ratio = jnp.where(q > 0, (zq - lse_q) - jnp.where(p > 0, zp - lse_p, 0.0), 0.0)
+    kl = jnp.sum(q * log_ratio, axis=-1)
+    q_sign = jnp.sum(q * sign, axis=-1)
+    return (tv, ce, kl), (lse_q, lse_p, q_sign[..., None], kl[..., None])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def draft_row_losses(q_logits: Array, p_logits: Array, targets: Array, exclude_id: int | None = None):
+    """Uno's drafter terms per row (SPEC §7) from the draft logits q and the target logits p, [..., V] each:
+    (Σ_v |q − p|, −log q(target), KL(q ‖ p)) as three [...] fp32 arrays, softmax over the vocabulary with
+    `exclude_id` (the mask token) removed from both. p is a constant (no gradient flows to it).
+
+    Fused for a large vocabulary: the forward is reductions over the logits, and the backward recomputes q
+    and p from the logits and writes the gradient, so the only [..., V] float32 array it materialises is
+    the gradient itself (d/dz_q: g_tv·q(s − Σqs) + g_ce·(q − onehot) + g_kl·q(log q/p − KL), s = sign(q − p)).
+    """
+    return _draft_terms(q_logits, p_logits, targets, exclude_id)[0]
+
+
+def _draft_fwd(q_logits, p_logits, targets, exclude_id):
+    terms, stats = _draft_terms(q_logits, p_logits, targets, exclude_id)
+    return terms, (q_logits, p_logits, targets, stats)
+
+
+def _draft_bwd(exclude_id, res, cotangents):
+    q_logits, p_logits, targets, (lse_q, lse_p, q_sign, kl) = res
+    g_tv, g_ce, g_kl = (g[..., None] for g in cotangents)
+    zq, zp = _without(q_logits, exclude_id), _without(p_logits, exclude_id)
+    q, p = jnp.exp(zq - lse_q), jnp.exp(zp - lse_p)
+    log_ratio = jnp.where(q > 0, (zq - lse_q) - jnp.where(p > 0, zp - lse_p, 0.0), 0.0)
+    onehot = jax.lax.broadcasted_iota(jnp.int32, zq.shape, zq.ndim - 1) == targets[..., None]
+    grad = q * (g_tv * (jnp.sign(q - p) - q_sign) + g_ce + g_kl * (log_ratio - kl)) - jnp.where(onehot, g_ce, 0.0)
+    return grad.astype(q_logits.dtype), jnp.zeros_like(p_logits), None
+
+
+draft_row_losses.defvjp(_draft_fwd, _draft_bwd)
 
 
 def loss_from_logits(logits: Array, inputs: dict, zarya_config: ZaryaConfig, slot_size: int = 0):
