@@ -141,13 +141,11 @@ def drafter_loss(lora_params, params, config: ModelConfig, lora: LoraConfig, bat
     Differentiable in `lora_params` only (the clean half runs gate-off, the base params are frozen
     by the caller). Returns (loss scalar, metrics {'tv','ce','kl','accept_proxy','rows'}).
     """
-    length = batch["tokens"].shape[1] // 2
     logits, _ = model_lib.apply(params, config, batch["tokens"], batch["positions"], window_mask=batch["mask"],
                                 gate=batch["gate"], lora_params=lora_params, lora=lora)
     # The mask token is never sampled (SPEC §4), so neither distribution may put mass on it; the terms are
     # fused reductions over the vocabulary (`losses.draft_row_losses`), p a constant.
-    tv_row, ce_row, kl_row = draft_row_losses(logits[:, :length], jax.lax.stop_gradient(logits[:, length:]),
-                                              batch["targets"], config.mask_token_id)
+    tv_row, ce_row, kl_row = draft_row_losses(logits, batch["targets"], config.mask_token_id)
     rows = batch["rows"].astype(jnp.float32)
     n = jnp.maximum(rows.sum(), 1.0)
     tv, ce, kl = ((x * rows).sum() / n for x in (tv_row, ce_row, kl_row))
