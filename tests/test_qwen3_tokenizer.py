@@ -122,3 +122,15 @@ def test_named_tokenizer_resolves(qwen3_cache, monkeypatch):
     assert (tok.vocab_size, tok.eos_id, tok.pad_id, tok.mask_id) == (151669, 151645, 151643, None)
     assert tok.encode("Hello, world!") == [9707, 11, 1879, 0]
     assert tok.chat_template and tok.name == "qwen3"
+
+
+def test_quickstart_model_follows_the_named_tokenizer(qwen3_cache, monkeypatch):
+    from experiments import quickstart
+
+    monkeypatch.setenv("ZARYA_CACHE", qwen3_cache)
+    config = quickstart.config_from_args(quickstart.build_parser().parse_args(
+        ["--smoke", "--set", "data.tokenizer=qwen3"]))
+    m = config.model
+    assert (m.vocab_size, m.mask_token_id, m.eos_token_id, m.pad_token_id) == (151680, 151669, 151645, 151643)
+    default = quickstart.config_from_args(quickstart.build_parser().parse_args(["--smoke"]))
+    assert (default.data.tokenizer, default.model.vocab_size, default.model.mask_token_id) == ("byte", 264, 259)
