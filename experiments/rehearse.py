@@ -28,6 +28,7 @@ Exit status: 0 every check passed, 1 a check failed (named), 2 bad input.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -252,12 +253,8 @@ def rehearse(workdir: str, *, hidden: int = 128, layers: int = 2, steps: int = 3
     results: dict = {}
 
     with meter.stage("imports"):  # once, so that no stage's memory counts the libraries it is the first to load
-        import jax  # noqa: F401
-        import lm_eval  # noqa: F401
-        import orbax.checkpoint  # noqa: F401
-        import peft  # noqa: F401
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
+        for module in ("jax", "lm_eval", "orbax.checkpoint", "peft", "torch", "transformers"):
+            importlib.import_module(module)
     with meter.stage("tokenizer"):
         tok_dir = qwen3_tokenizer.build(p("qwen3-tokenizer"))
     with meter.stage("hf_model"):
