@@ -32,6 +32,7 @@ import argparse
 import math
 
 from zarya_jax import experiment, overrides
+from zarya_jax.data.tokenizer import load_tokenizer, model_vocab
 from zarya_jax.eval import tasks
 from zarya_jax.eval.evaluate import parse_modes
 from zarya_jax.experiment.report import report_markdown
@@ -81,7 +82,10 @@ def config_from_args(args) -> experiment.ExperimentConfig:
         flags["eval.ckpt"] = args.ckpt
     if args.no_verify:
         flags["train.verify_checkpoints"] = False
-    return overrides.apply(experiment.default_config(), cli.set_overrides(args, flags))
+    config = overrides.apply(experiment.default_config(), cli.set_overrides(args, flags))
+    if config.data.tokenizer != "byte":  # another vocabulary: the model's vocab and special ids follow it
+        config = config.replace(model=model_vocab(config.model, load_tokenizer(config.data.tokenizer)))
+    return config
 
 
 def main(argv=None) -> int:

@@ -42,3 +42,18 @@ def compile_cache(tmp_path_factory):
     yield str(path)
     for k, v in old.items():
         jax.config.update(k, v)
+
+
+@pytest.fixture(scope="session")
+def qwen3_cache(tmp_path_factory) -> str:
+    """A `ZARYA_CACHE` root holding Qwen3's tokenizer (`conversion.qwen3_tokenizer`), built once per session."""
+    from conversion import qwen3_tokenizer
+
+    root = tmp_path_factory.mktemp("zarya_cache")
+    qwen3_tokenizer.build(str(root / "qwen3-tokenizer"))
+    return str(root)
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer_dir(qwen3_cache) -> str:
+    return os.path.join(qwen3_cache, "qwen3-tokenizer")

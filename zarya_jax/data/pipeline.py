@@ -42,7 +42,7 @@ class DataConfig(PromptFormat):
     train: tuple[str, ...] = ()
     eval: tuple[str, ...] = ()
     eval_fraction: float = 0.0  # held out from the end of `train` when `eval` is empty
-    tokenizer: str = "byte"  # 'byte' or a Hugging Face tokenizer directory
+    tokenizer: str = "byte"  # 'byte', 'qwen3' (Qwen3's vocabulary, built offline) or a Hugging Face tokenizer directory
     add_eos: bool = True
     max_length: int = 256
     pack: bool = False

