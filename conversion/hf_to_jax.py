@@ -8,7 +8,7 @@ Reads `config.json` and safetensors weights (single file or sharded with
 each param is a `checkpoint.Lazy` leaf, allocated and filled layer by layer only when Orbax writes it
 and released before the next, and each safetensors file is opened only for one read so its mapped
 pages are released at once. Peak memory stays near the largest stacked param plus the imports.
-`--add-mask-token` appends the `<mdm_mask>` row (SPEC §1). Index entries must name files inside the
+`--add-mask-token` appends the `<mdm_mask>` row (docs/algorithms.md §1). Index entries must name files inside the
 directory; integer tensors are refused (weights are floating point), and a cast that loses precision
 (e.g. float32 tensors into a bfloat16 checkpoint) is named on stderr.
 """
@@ -175,7 +175,7 @@ def read_param(source, config: ModelConfig, e: hf_params.Entry, extra_rows: int 
     """One param (`e`) as a numpy array in `config.param_dtype`, filled tensor by tensor from `source`.
 
     extra_rows=1 appends the mask token's embedding row (and untied head column), set to the mean of
-    the existing ones (SPEC §1).
+    the existing ones (docs/algorithms.md §1).
     """
     dtype = np.dtype(config.jnp_param_dtype)
     v = config.vocab_size

@@ -9,8 +9,8 @@ Hugging Face's Qwen3 (`hf_params.PROJECTION_MODULES`):
 
 Both scale the update by `lora_alpha / r` (ours: alpha / rank), and the in/out axes flatten the heads in
 the order `hf_params` uses for the base weights, so PEFT's merged model is our model with the gate on for
-every token. What PEFT has no field for, the adapter's draft-input convention (`LoraConfig.noise`, SPEC
-§7), travels in a side file, `zarya_lora.json`, which PEFT ignores. Importing a PEFT adapter: projections
+every token. What PEFT has no field for, the adapter's draft-input convention (`LoraConfig.noise`,
+docs/algorithms.md §7.1), travels in a side file, `zarya_lora.json`, which PEFT ignores. Importing a PEFT adapter: projections
 or layers it does not target get zero factors (no update, as in PEFT); `use_rslora` scales by
 lora_alpha/√r, which becomes alpha = lora_alpha·√r; DoRA, per-module ranks, bias training, extra trained
 modules and `fan_in_fan_out` have no equivalent here and are refused.

@@ -9,8 +9,8 @@ Records are `{"prompt", "answer"}` (other field names with `--prompt-key` / `--a
 `question`) or chat `{"messages": [...]}` ending with the assistant answer. They are rendered exactly as
 the checkpoint's training data was (its recorded prompt format: chat template, system message, prompt
 template; `zarya_jax.data.render`); `--format FIELD=VALUE` changes one field of it.
-Modes: `ar` (autoregressive baseline), `mdm` (mode A, SPEC §5), `slotted` (mode B, SPEC §6),
-`spec-self` (lossless Zarya self-speculation, SPEC §7), `spec-lora` (Uno's LoRA drafter, needs
+Modes: `ar` (autoregressive baseline), `mdm` (mode A, docs/algorithms.md §5), `slotted` (mode B, docs/algorithms.md §6),
+`spec-self` (lossless Zarya self-speculation, docs/algorithms.md §7), `spec-lora` (Uno's LoRA drafter, needs
 `--lora`; sampled with the noise convention it was trained with). `--knob [MODE.]FIELD=VALUE` sets any
 `GenerationConfig` field for one mode or all (YAML values, typed; an unknown field is an error that
 names the closest ones). Per mode it reports exact-match accuracy, wall-clock generated tokens/s

@@ -1,4 +1,4 @@
-"""Generate text from a checkpoint in any mode (SPEC §4–§7).
+"""Generate text from a checkpoint in any mode (docs/algorithms.md §4–§7).
 
     python -m experiments.generate --ckpt CKPT --prompt "Hello" [--prompt "…"] --mode slotted
     python -m experiments.generate --ckpt CKPT --prompts-file prompts.txt --mode ar --batch-size 8 \

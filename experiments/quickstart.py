@@ -9,7 +9,7 @@
 
 The pipeline is `zarya_jax.experiment.run` (docs/experiments.md): (1) write the task's train /
 validation / test JSONL (`zarya_jax.eval.tasks`, byte tokenizer); (2) train with slotted training and
-the slot-size curriculum (SPEC §2), saving Orbax checkpoints; (3) sweep every decoding mode's knobs on
+the slot-size curriculum (docs/algorithms.md §2), saving Orbax checkpoints; (3) sweep every decoding mode's knobs on
 the validation split and choose each mode's point there (the frontier); (4) evaluate the test split at
 the chosen points, at the evaluation batch and at batch 1; (5) diagnose each head and each mode's
 errors; (6) print the table and write `report.json`, `report.md` and `report.png` (the frontier, the

@@ -7,7 +7,7 @@ Stages (each checked, timed and measured; all in this process):
  2. hf_model    a randomly initialised `transformers.Qwen3ForCausalLM` with Qwen3's 151,936-row embedding
                 (tiny depth and width), saved with that tokenizer as a Hugging Face directory;
  3. hf_to_jax   `conversion.hf_to_jax --add-mask-token`: `<mdm_mask>` at id 151936, its row the mean of the
-                others (SPEC §1), the tokenizer gaining the token;
+                others (docs/algorithms.md §1), the tokenizer gaining the token;
  4. train       a few Zarya steps (`experiments.train --init-from`) on GSM8K-format records rendered with
                 Qwen3's chat template (thinking off);
  5. drafter     Uno's gated-LoRA drafter trained a few steps on the result (`experiments.train_drafter`);

@@ -1,4 +1,4 @@
-"""Train Uno's gated-LoRA diffusion drafter on a frozen AR checkpoint (SPEC §7).
+"""Train Uno's gated-LoRA diffusion drafter on a frozen AR checkpoint (docs/algorithms.md §7).
 
     python -m experiments.train_drafter --base CKPT --workdir DIR [--config PRESET_OR_FILE]
         [--set key=value ...] [--force]

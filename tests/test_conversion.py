@@ -1,5 +1,5 @@
 """Converters both ways on real (tiny, random) Hugging Face Qwen3 directories: bit-identical round
-trips, sharded safetensors, the mask token (SPEC §1), transformers loading the export, bad input."""
+trips, sharded safetensors, the mask token (docs/algorithms.md §1), transformers loading the export, bad input."""
 import contextlib
 import copy
 import glob

@@ -1,4 +1,4 @@
-"""Uno drafter training (SPEC §7): curriculum, paired layout and block mask, TV loss, training."""
+"""Uno drafter training (docs/algorithms.md §7): curriculum, paired layout and block mask, TV loss, training."""
 import dataclasses
 import json
 
@@ -32,7 +32,7 @@ def test_curriculum_grows_and_traced_matches():
 
 
 def _reference_mask(seg, pos, s):
-    """Slow NumPy statement of SPEC §7's attention, one query/key pair at a time."""
+    """Slow NumPy statement of docs/algorithms.md §7's attention, one query/key pair at a time."""
     b, n = seg.shape
     m = np.zeros((b, 2 * n, 2 * n), bool)
     for r in range(b):

@@ -1,4 +1,4 @@
-"""Gated-LoRA adapter params (SPEC §7): structure, gate semantics (a poisoned adapter cannot touch gate-off
+"""Gated-LoRA adapter params (docs/algorithms.md §7): structure, gate semantics (a poisoned adapter cannot touch gate-off
 rows), save/load with the checks a checkpoint gets, merge."""
 import functools
 import json

@@ -1,4 +1,4 @@
-"""Hybrid loss (SPEC §2.6, §3.5): against a NumPy loss on the reference transforms' outputs, a perfect
+"""Hybrid loss (docs/algorithms.md §2.6, §3.5): against a NumPy loss on the reference transforms' outputs, a perfect
 predictor, λ ∈ {0, 1}, and gradients through the tiny model."""
 import functools
 
@@ -18,7 +18,7 @@ V = 264
 
 
 def np_loss(logits, ref, batch, zc, rows_of_example):
-    """SPEC §2.6 by hand: mean CE over AR targets; per example Σ w·CE / #answer tokens, mean over examples.
+    """docs/algorithms.md §2.6 by hand: mean CE over AR targets; per example Σ w·CE / #answer tokens, mean over examples.
     ref: a NumPy reference transform output; rows_of_example(b) -> the output row holding the MDM targets
     of batch row b."""
     x = logits.astype(np.float64)

@@ -1,5 +1,5 @@
 """HF → JAX parity: tiny random Hugging Face Qwen3 models, converted with `conversion.hf_to_jax`,
-must give the logits of transformers' PyTorch Qwen3 (the independent reference), SPEC §0–§1."""
+must give the logits of transformers' PyTorch Qwen3 (the independent reference), docs/algorithms.md §0–§1."""
 import math
 
 import jax
@@ -125,7 +125,7 @@ def test_bf16_params_close_to_fp32(small_model, tmp_path_factory):
 
 
 def test_physical_permutation_with_positions(small_model, tmp_path_factory):
-    """SPEC §0: permuting a prefix physically, positions carried along, changes nothing for a token
+    """docs/algorithms.md §0: permuting a prefix physically, positions carried along, changes nothing for a token
     whose mask lets it see the same set; HF with the same positions is the reference."""
     params, config = save_and_convert(small_model, tmp_path_factory, "perm")
     rng = np.random.default_rng(2)

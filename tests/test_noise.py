@@ -1,4 +1,4 @@
-"""Non-slotted Eso-LM transform (SPEC §3): a loop-per-example NumPy reference driven by the same draws
+"""Non-slotted Eso-LM transform (docs/algorithms.md §3): a loop-per-example NumPy reference driven by the same draws
 (`draw_token_noise`), the four grouped-noise patterns, noise sorting, and invariants."""
 import functools
 
@@ -25,7 +25,7 @@ KEYS = ("tokens", "positions", "segment_ids", "targets", "weights", "is_dif", "m
         "pattern")
 
 
-# ----------------------------------------------------------------------------- NumPy reference (SPEC §3)
+# ----------------------------------------------------------------------------- NumPy reference (docs/algorithms.md §3)
 
 def ref_t(d, batch, zc):
     """t[b, s-1] per example; antithetic: (u/N + e/N) mod 1 over the batch's N examples in row order."""

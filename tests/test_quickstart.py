@@ -105,7 +105,7 @@ def test_ar_matches_uncached_greedy_and_spec_is_lossless(smoke_run):
             padded = np.full((1, length), tok.pad_id, np.int32)
             padded[0, : len(seq)] = seq
             logits = np.array(fwd(params, jnp.asarray(padded)))[0, len(seq) - 1]
-            logits[config.mask_token_id] = -np.inf  # the mask token is never generated (SPEC §4)
+            logits[config.mask_token_id] = -np.inf  # the mask token is never generated (docs/algorithms.md §4)
             nxt = int(np.argmax(logits))
             out.append(nxt)
             if nxt == config.eos_token_id:

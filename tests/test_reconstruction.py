@@ -1,4 +1,4 @@
-"""Eso-LM's reconstruction rows (`sequential_convention="mdm"`, SPEC §3.3): a slow NumPy layout on a hand
+"""Eso-LM's reconstruction rows (`sequential_convention="mdm"`, docs/algorithms.md §3.3): a slow NumPy layout on a hand
 example, and the loss against one plain causal forward per masked token."""
 import jax
 import jax.numpy as jnp

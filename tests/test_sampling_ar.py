@@ -1,4 +1,4 @@
-"""AR sampler (SPEC §4) against Hugging Face transformers' greedy generate and a cache-free recompute."""
+"""AR sampler (docs/algorithms.md §4) against Hugging Face transformers' greedy generate and a cache-free recompute."""
 import jax
 import jax.numpy as jnp
 import numpy as np

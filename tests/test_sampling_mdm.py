@@ -1,4 +1,4 @@
-"""Mode A (SPEC §5): per-step logits vs a full causal forward over the physical order; budget; layout."""
+"""Mode A (docs/algorithms.md §5): per-step logits vs a full causal forward over the physical order; budget; layout."""
 import jax
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Sampling primitives (SPEC §4) against exact distributions and a NumPy reference."""
+"""Sampling primitives (docs/algorithms.md §4) against exact distributions and a NumPy reference."""
 import jax
 import jax.numpy as jnp
 import numpy as np

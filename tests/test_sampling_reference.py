@@ -3,7 +3,7 @@
 A pass recorded by a sampler (debug trace) saw the cache (a prefix of the physical sequence) plus its
 window. The reference concatenates that physical prefix and the pass's valid window rows and runs the
 model without any cache (plain causal attention over the physical order, logical positions as RoPE
-positions, SPEC §0). For slot-local passes each slot is recomputed on its own.
+positions, docs/algorithms.md §0). For slot-local passes each slot is recomputed on its own.
 """
 import functools
 

@@ -1,4 +1,4 @@
-"""Mode B (SPEC §6): cached passes vs a full recompute, τt = 0, EOS, layout, routing, bad input."""
+"""Mode B (docs/algorithms.md §6): cached passes vs a full recompute, τt = 0, EOS, layout, routing, bad input."""
 import jax
 import numpy as np
 import pytest

@@ -1,7 +1,7 @@
-"""Slotted transform (SPEC §2), batch format and slot-size curriculum.
+"""Slotted transform (docs/algorithms.md §2), batch format and slot-size curriculum.
 
 The transform is checked against `ref_slotted`, a slow loop-over-slots NumPy version written from
-SPEC §2 and driven by the same draws (`draw_slot_noise`), plus invariants that need no reference.
+docs/algorithms.md §2 and driven by the same draws (`draw_slot_noise`), plus invariants that need no reference.
 """
 import functools
 
@@ -68,10 +68,10 @@ def np_draws(draws):
     return {k: np.array(v) for k, v in draws.items()}
 
 
-# ----------------------------------------------------------------------------- NumPy reference (SPEC §2)
+# ----------------------------------------------------------------------------- NumPy reference (docs/algorithms.md §2)
 
 def ref_slotted(draws, batch, zc, S, mask_id):
-    """Loop version of SPEC §2: slots, Bernoulli per slot, targets, weights, physical layout."""
+    """Loop version of docs/algorithms.md §2: slots, Bernoulli per slot, targets, weights, physical layout."""
     d = np_draws(draws)
     rows, length = batch["tokens"].shape
     f32 = np.float32
@@ -338,7 +338,7 @@ def test_make_batch_errors():
         make_batch([([1.5], [2])], 8, PAD)
 
 
-# ----------------------------------------------------------------------------- curriculum (SPEC §2.1)
+# ----------------------------------------------------------------------------- curriculum (docs/algorithms.md §2.1)
 
 def test_curriculum_fraction_borders():
     zc = ZaryaConfig()  # sizes 2..64, borders .06 .2 .4 .6 .8 1.0

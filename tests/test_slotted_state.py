@@ -1,4 +1,4 @@
-"""Mode B's decoder pieces (SPEC §6): the per-row selection of phase updates, and the traced knobs as one
+"""Mode B's decoder pieces (docs/algorithms.md §6): the per-row selection of phase updates, and the traced knobs as one
 complete value (no silent fallback to the static config)."""
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""Ψ-Spec lossless speculative sampling (SPEC §7): accept/residual rule, greedy identity with the AR
+"""Ψ-Spec lossless speculative sampling (docs/algorithms.md §7): accept/residual rule, greedy identity with the AR
 sampler, exact two-token distribution, cache invariant, acceptance gains from a trained drafter."""
 import dataclasses
 

@@ -1,5 +1,5 @@
 """Frozen, hashable configs: the Qwen3 backbone (`ModelConfig`), the Zarya diffusion
-hyperparameters (`ZaryaConfig`, SPEC §1–§3), the gated-LoRA adapter (`LoraConfig`, SPEC §7) and how
+hyperparameters (`ZaryaConfig`, docs/algorithms.md §1–§3), the gated-LoRA adapter (`LoraConfig`, docs/algorithms.md §7) and how
 records become prompts (`PromptFormat`, rendered by `zarya_jax.data.render`).
 
 Configs are jit-static: every field is a Python scalar or tuple, so a config can be passed as a
@@ -61,7 +61,7 @@ def check_bounds(name: str, value: Any, integer: bool | None = None) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Qwen3 decoder dimensions (SPEC §1). `dtype` is the compute dtype, `param_dtype` the storage one.
+    """Qwen3 decoder dimensions (docs/algorithms.md §1). `dtype` is the compute dtype, `param_dtype` the storage one.
 
     `attention` picks the kernel of the causal-within-segments mask (training, prefill, `forward`):
     one of `ATTENTION_BACKENDS`, see `zarya_jax.nn.attention`. `remat` recomputes each layer in the
@@ -144,7 +144,7 @@ SEQUENTIAL_CONVENTIONS = ("ar", "mdm")
 
 @dataclasses.dataclass(frozen=True)
 class ZaryaConfig:
-    """Zarya's diffusion hyperparameters (SPEC §1–§3), defaults from the paper / ReFusion."""
+    """Zarya's diffusion hyperparameters (docs/algorithms.md §1–§3), defaults from the paper / ReFusion."""
 
     alpha0: float = 0.25
     eps: float = 1e-3
@@ -157,14 +157,14 @@ class ZaryaConfig:
     noise_sorting: bool = False
     slotted_training: bool = True
     # AR targets across slot boundaries (prompt → first answer token, last token of a clean slot →
-    # next logical token). ReFusion (SPEC §2.4) gives them none, which leaves every slot-start transition
+    # next logical token). ReFusion (docs/algorithms.md §2.4) gives them none, which leaves every slot-start transition
     # untrained for AR decoding and self-speculation; False reproduces ReFusion exactly.
     boundary_targets: bool = True
     slot_size_set: tuple[int, ...] = (2, 4, 8, 16, 32, 64)
     slot_step_borders: tuple[float, ...] = (0.06, 0.2, 0.4, 0.6, 0.8, 1.0)
     antithetic_sampling: bool = False
-    elbo_weight: bool = False  # Eso-LM's α0(1−eps)/(1−α_t) instead of 1/p_mask (SPEC §3.3)
-    # Non-slotted sequential pass (SPEC §3.3): "ar" — the clean x0, row i targets a masked x0[i + 1];
+    elbo_weight: bool = False  # Eso-LM's α0(1−eps)/(1−α_t) instead of 1/p_mask (docs/algorithms.md §3.3)
+    # Non-slotted sequential pass (docs/algorithms.md §3.3): "ar" — the clean x0, row i targets a masked x0[i + 1];
     # "mdm" — Eso-LM's reconstruction loss: masked copies that see the clean tokens before them (in
     # Eso-LM's sampling order) and predict themselves, the query mode A's sequential phase asks.
     sequential_convention: str = "ar"
@@ -202,7 +202,7 @@ LORA_NOISE = ("uniform", "mask")
 
 @dataclasses.dataclass(frozen=True)
 class LoraConfig:
-    """Gated LoRA on the seven projections (SPEC §7); the update is scaled by alpha / rank.
+    """Gated LoRA on the seven projections (docs/algorithms.md §7); the update is scaled by alpha / rank.
 
     `noise` is the adapter's input convention, fixed by its training and saved with it: the draft rows
     hold uniform random ids ("uniform", never the mask id) or the mask token ("mask"), in training

@@ -18,7 +18,7 @@
    (weight bytes + mean cache bytes) ÷ bandwidth (`train.metrics.HBM_BANDWIDTH`, or `--bandwidth`), and
    the roofline is batch ÷ that time.
 
-Targets on one H200 (the README): train MFU ≥ 40 %; AR decode at batch 1 ≥ 70 % of the roofline; a W = 8
+Targets on one H200 (docs/benchmarks.md): train MFU ≥ 40 %; AR decode at batch 1 ≥ 70 % of the roofline; a W = 8
 pass ≤ 1.2× a W = 1 pass at batch 1. Parts left when `--budget-s` is spent are recorded as skipped.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Ψ-Spec benchmark (SPEC §7): accepted tokens per cycle, tokens per forward and wall-clock speed-up
+"""Ψ-Spec benchmark (docs/algorithms.md §7): accepted tokens per cycle, tokens per forward and wall-clock speed-up
 over the AR sampler, for the gated-LoRA drafter and for Zarya self-speculation.
 
     python -m experiments.bench spec [--ckpt CKPT [--prompts-file test.jsonl]] [--adapter DIR]

@@ -1,4 +1,4 @@
-"""Cost of the Zarya training transforms (SPEC §2–§3) next to the model's forward + backward pass.
+"""Cost of the Zarya training transforms (docs/algorithms.md §2–§3) next to the model's forward + backward pass.
 
 Times three jitted functions on the same packed batch, side by side:
   transform   the slotted or non-slotted transform alone (draws, masks, sort, window mask)

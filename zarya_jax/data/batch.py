@@ -1,4 +1,4 @@
-"""Supervised batch format (SPEC §2–§3): prompt + answer examples padded (and optionally packed)
+"""Supervised batch format (docs/algorithms.md §2–§3): prompt + answer examples padded (and optionally packed)
 into fixed-length rows.
 
 A batch is a dict of NumPy arrays, every row of length L:
@@ -147,7 +147,7 @@ def make_batch_rows(examples, length: int, pad_id: int, num_rows: int, pack: boo
 # ------------------------------------------------------------ per-row layout (JAX, inside jit/vmap)
 
 def row_layout(segment_ids, answer_mask):
-    """Per-token view of one row's examples (SPEC §2–§3), for use inside `vmap`.
+    """Per-token view of one row's examples (docs/algorithms.md §2–§3), for use inside `vmap`.
 
     segment_ids int [L], answer_mask bool [L] -> dict of [L] arrays:
       ans_start  physical index of the first answer token of the token's example (L if none)

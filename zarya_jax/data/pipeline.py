@@ -1,5 +1,5 @@
 """Supervised data: JSONL records → tokenized (prompt, answer) examples → grain pipelines of fixed-shape
-batches in the format of `zarya_jax.data.batch` (SPEC §2–§3 train on prompt + answer, answer supervised).
+batches in the format of `zarya_jax.data.batch` (docs/algorithms.md §2–§3 train on prompt + answer, answer supervised).
 
 Records, one JSON object per line: `{"prompt": str, "answer": str}` (other field names through
 `prompt_key` / `answer_key`) or chat `{"messages": [{"role", "content"}, …]}` whose last message is the

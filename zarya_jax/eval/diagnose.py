@@ -8,7 +8,7 @@
     (slots of `slot_size` tokens) and the masks of its own slot before it, and predicts token a at its
     own position (the MDM convention) — what mode B's plan pass sees for the slot that directly
     follows committed text, and what a masked slot of slotted training is taught.
-Both copies of a token carry its logical position (SPEC §0). Predictions are argmaxes with the mask
+Both copies of a token carry its logical position (docs/algorithms.md §0). Predictions are argmaxes with the mask
 token excluded, as in decoding.
 
 `first_errors(outputs, references, slot_size)` locates, per decoded output, the first token that

@@ -1,8 +1,8 @@
 """Evaluation: every decoding mode on a set of prompt/answer records (the library half of
 `python -m experiments.evaluate`, also used by the quickstart and sweeps).
 
-Modes: `ar` (autoregressive baseline), `mdm` (mode A, SPEC §5), `slotted` (mode B, SPEC §6),
-`spec-self` (lossless Zarya self-speculation, SPEC §7), `spec-lora` (Uno's LoRA drafter). Per mode:
+Modes: `ar` (autoregressive baseline), `mdm` (mode A, docs/algorithms.md §5), `slotted` (mode B, docs/algorithms.md §6),
+`spec-self` (lossless Zarya self-speculation, docs/algorithms.md §7), `spec-lora` (Uno's LoRA drafter). Per mode:
 exact-match accuracy (`answers`), wall-clock generated tokens/s (compile time excluded and reported
 apart), tokens per forward pass and the speed-up over `ar`. Decoding knobs are `GenerationConfig`
 fields, per mode or for all modes (`parse_knobs`, `ModeKnobs`), typed by `zarya_jax.overrides`.

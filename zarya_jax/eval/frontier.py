@@ -1,7 +1,7 @@
 """The decoding frontier of one checkpoint: accuracy against tokens per forward pass (and tokens/s) for
 every decoding mode over a grid of its knobs, and the knobs of each mode chosen on a validation split.
 
-Training and decoding are decoupled (SPEC §4), so one checkpoint yields a whole frontier without any
+Training and decoding are decoupled (docs/algorithms.md §4), so one checkpoint yields a whole frontier without any
 retraining: mode B over τs × τt × S × NB × the AR corrections (`sampling.slotted`), mode A over T × α0 × order × sequential convention,
 speculative decoding over F, AR as the reference point. Mode B's thresholds and corrections are
 runtime values, so each (S, NB) compiles once (`sampling.generate`).

@@ -21,7 +21,7 @@ Requests:
   training prompts (`zarya_jax.data.render`), the continuation encoded apart and appended, as training
   appends the answer; one causal forward pass (`model.forward`) scores the continuation: the sum of
   its log-probabilities, and whether each token is the argmax. The `<mdm_mask>` token is excluded from
-  the distribution, as in every sampler (SPEC §4). Too long a row loses tokens from its left.
+  the distribution, as in every sampler (docs/algorithms.md §4). Too long a row loses tokens from its left.
 - `loglikelihood_rolling(text)`: the raw text (no rendering) in lm-eval's disjoint rolling windows of
   `max_length` tokens, the first predicted from EOS.
 - `generate_until(context, gen_kwargs)`: the rendered context through `zarya_jax.sampling.generate` in

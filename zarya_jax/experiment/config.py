@@ -51,7 +51,7 @@ class TaskSection:
 
 @dataclasses.dataclass(frozen=True)
 class DrafterSection:
-    """Uno's LoRA drafter, trained on the frozen checkpoint only when `eval.modes` has spec-lora (SPEC §7):
+    """Uno's LoRA drafter, trained on the frozen checkpoint only when `eval.modes` has spec-lora (docs/algorithms.md §7):
     its adapter (`rank`, `alpha`), its optimizer (`lr`, `warmup_steps`) and its run (`steps`,
     `batch_size`, the block curriculum `block_sizes`). The rest of its run comes from the experiment's
     own sections (data, mesh, train) and the tokenizer and prompt format from the base checkpoint."""

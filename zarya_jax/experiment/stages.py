@@ -130,7 +130,7 @@ def drafter_config(config: ExperimentConfig, base: Inference, train_file: str) -
 
 def train_drafter(config: ExperimentConfig, base: Inference, train_file: str, workdir: str, *,
                   force: bool = False) -> Inference:
-    """Trains Uno's gated-LoRA drafter on the frozen checkpoint (SPEC §7) into `workdir/drafter`; returns
+    """Trains Uno's gated-LoRA drafter on the frozen checkpoint (docs/algorithms.md §7) into `workdir/drafter`; returns
     `base` with the adapter."""
     out = os.path.join(workdir, "drafter")
     summary = drafter_run.train_drafter(drafter_config(config, base, train_file), base.ckpt, out, force=force)

@@ -1,4 +1,4 @@
-"""Attention kernels behind one choice, `ModelConfig.attention` (SPEC §0: attention reads the physical order).
+"""Attention kernels behind one choice, `ModelConfig.attention` (docs/algorithms.md §0: attention reads the physical order).
 
 Two kinds of mask reach attention:
 

@@ -1,4 +1,4 @@
-"""The one mapping table between Hugging Face Qwen3 tensor names and our params pytree (SPEC §1).
+"""The one mapping table between Hugging Face Qwen3 tensor names and our params pytree (docs/algorithms.md §1).
 
 Both converters use it. Hugging Face keeps one tensor per layer, linear weights as `[out, in]`;
 we keep layers stacked on a leading axis and kernels as `[*in, *out]` with the heads split out:

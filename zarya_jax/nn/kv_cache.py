@@ -1,4 +1,4 @@
-"""Static KV cache `[layers, batch, max_len, kv_heads, head_dim]` with per-row lengths (SPEC §4), K/V in
+"""Static KV cache `[layers, batch, max_len, kv_heads, head_dim]` with per-row lengths (docs/algorithms.md §4), K/V in
 the model's compute dtype or another (`init(..., dtype)`, e.g. bf16 for an fp32 model).
 
 The cache's row order is the *physical* order: rows are appended in commit order, whatever their

@@ -1,4 +1,4 @@
-"""Gated-LoRA adapter params as their own pytree (SPEC §7): init, save/load, merge, and the adapter's
+"""Gated-LoRA adapter params as their own pytree (docs/algorithms.md §7): init, save/load, merge, and the adapter's
 noise convention (`noise_tokens`, shared by drafter training and the Ψ-Spec draft pass).
 
 The adapter itself is applied inside `model.Proj` (collection `'lora'`, per-token gate). Its params

@@ -1,4 +1,4 @@
-"""Boolean attention masks over the physical order (SPEC §0). Shapes `[b, t, s]`, True = may attend."""
+"""Boolean attention masks over the physical order (docs/algorithms.md §0). Shapes `[b, t, s]`, True = may attend."""
 from __future__ import annotations
 
 import jax

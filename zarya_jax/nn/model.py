@@ -1,6 +1,6 @@
-"""Qwen3 in Flax Linen (SPEC §0–§1), pure: `Qwen3(config).apply({'params': p}, tokens, positions, ...)`.
+"""Qwen3 in Flax Linen (docs/algorithms.md §0–§1), pure: `Qwen3(config).apply({'params': p}, tokens, positions, ...)`.
 
-Two orders (SPEC §0): RoPE reads the *logical* `positions`; attention reads the *physical* order of the
+Two orders (docs/algorithms.md §0): RoPE reads the *logical* `positions`; attention reads the *physical* order of the
 input (and of the KV cache). The window's mask is either structured — causal within `segment_ids`
 (the training mask; plainly causal without ids), served by the kernel `config.attention` picks
 (`attention.py`: dense, `jax.nn.dot_product_attention`/cuDNN, TPU splash) — or any boolean
@@ -14,7 +14,7 @@ KV cache (see `kv_cache.py`): the model never mutates it. Given a cache it atten
 the cache's valid rows plus the window itself and returns the window's own K/V,
 `[layers, batch, window, kv_heads, head_dim]`, so the caller decides which rows to commit.
 
-Gated LoRA (SPEC §7): with `lora` set, each of the seven projections carries an adapter in the
+Gated LoRA (docs/algorithms.md §7): with `lora` set, each of the seven projections carries an adapter in the
 separate variable collection `'lora'`, selected (`where`, not multiplied by the gate) only on rows where
 `gate` is true: a gate-off row computes the base projection exactly, whatever the adapter holds (NaN,
 inf, 1e30), and so does every row that attends only to gate-off rows (a gated row's non-finite V is

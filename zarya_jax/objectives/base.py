@@ -1,9 +1,9 @@
 """The `Objective` protocol: what the objective-agnostic trainer (`zarya_jax.train`) runs.
 
 An objective supplies `loss_fn(trainable, frozen, batch, key, info) -> (loss, metrics)` and, per step,
-a hashable static value (`static_at(step, total_steps)`, e.g. Zarya's slot size, SPEC §2.1) that fixes
+a hashable static value (`static_at(step, total_steps)`, e.g. Zarya's slot size, docs/algorithms.md §2.1) that fixes
 shapes: one compile per distinct value. Only `trainable` gets gradients and optimizer state; `frozen`
-(e.g. the AR base under a LoRA drafter, SPEC §7) is passed through. An objective whose trainable params
+(e.g. the AR base under a LoRA drafter, docs/algorithms.md §7) is passed through. An objective whose trainable params
 are a whole model says how to save them (`export`), and the trainer then writes them to WORKDIR/final.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Slot-size curriculum (SPEC §2.1, paper §4.1.1).
+"""Slot-size curriculum (docs/algorithms.md §2.1, paper §4.1.1).
 
 The slot size at a step is `slot_size_set[i]` for the first i with `progress <= slot_step_borders[i]`;
 progress is `step / total_steps` when every border is <= 1 (fractions of training), else the raw

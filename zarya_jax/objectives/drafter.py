@@ -1,4 +1,4 @@
-"""Uno's diffusion drafter training (SPEC §7): paired `[noisy ; clean]` layout, block attention, TV loss.
+"""Uno's diffusion drafter training (docs/algorithms.md §7): paired `[noisy ; clean]` layout, block attention, TV loss.
 
 One forward over `2L` rows: the noisy copy (rows `0..L-1`, gate on) then the clean copy (rows
 `L..2L-1`, gate off, i.e. exactly the frozen AR model), both at the same logical positions `0..L-1`.
@@ -39,7 +39,7 @@ BLOCK_CURRICULUM = (2, 4, 6, 8, 12, 16)
 
 @dataclasses.dataclass(frozen=True)
 class DrafterConfig:
-    """Drafter-training knobs (SPEC §7). `block_borders`: progress (step/total) at which each block
+    """Drafter-training knobs (docs/algorithms.md §7). `block_borders`: progress (step/total) at which each block
     size of `block_sizes` ends; None spreads them evenly."""
 
     block_sizes: tuple[int, ...] = BLOCK_CURRICULUM
@@ -136,14 +136,14 @@ def make_pair_batch(key: Array, batch: dict, block_size, config: ModelConfig, lo
 
 def drafter_loss(lora_params, params, config: ModelConfig, lora: LoraConfig, batch: dict,
                  cfg: DrafterConfig) -> tuple[Array, dict]:
-    """TV (+CE, +KL) loss of the gated-LoRA drafter against the stop-gradient AR rows (SPEC §7).
+    """TV (+CE, +KL) loss of the gated-LoRA drafter against the stop-gradient AR rows (docs/algorithms.md §7).
 
     Differentiable in `lora_params` only (the clean half runs gate-off, the base params are frozen
     by the caller). Returns (loss scalar, metrics {'tv','ce','kl','accept_proxy','rows'}).
     """
     logits, _ = model_lib.apply(params, config, batch["tokens"], batch["positions"], window_mask=batch["mask"],
                                 gate=batch["gate"], lora_params=lora_params, lora=lora)
-    # The mask token is never sampled (SPEC §4), so neither distribution may put mass on it; the terms are
+    # The mask token is never sampled (docs/algorithms.md §4), so neither distribution may put mass on it; the terms are
     # fused reductions over the vocabulary (`losses.draft_row_losses`), p a constant.
     tv_row, ce_row, kl_row = draft_row_losses(logits, batch["targets"], config.mask_token_id)
     rows = batch["rows"].astype(jnp.float32)

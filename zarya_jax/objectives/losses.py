@@ -1,4 +1,4 @@
-"""Zarya's hybrid loss (SPEC §2.6, §3.5; paper eq. 1): L = λ·L_dif + (1 − λ)·L_seq, in fp32.
+"""Zarya's hybrid loss (docs/algorithms.md §2.6, §3.5; paper eq. 1): L = λ·L_dif + (1 − λ)·L_seq, in fp32.
 
   L_seq  mean cross-entropy over the AR-convention targets of the batch (clean-slot next tokens, or
          the sequential pass's masked positions);
@@ -110,7 +110,7 @@ def _chunk_grad(zq, zp, targets, exclude_id, stats, cotangents):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def draft_row_losses(logits: Array, targets: Array, exclude_id: int | None = None):
-    """Uno's drafter terms per row (SPEC §7) from paired logits [B, 2L, V]: rows 0..L-1 the draft q, rows
+    """Uno's drafter terms per row (docs/algorithms.md §7) from paired logits [B, 2L, V]: rows 0..L-1 the draft q, rows
     L..2L-1 the target p (a constant: no gradient flows to it); targets int [B, L]. Returns
     (Σ_v |q − p|, −log q(target), KL(q ‖ p)) as three [B, L] fp32 arrays, each softmax over the
     vocabulary with `exclude_id` (the mask token) removed.
@@ -199,7 +199,7 @@ def loss_from_token_ce(ce: Array, hit: Array, inputs: dict, zarya_config: ZaryaC
 
 def zarya_loss(params, model_config: ModelConfig, zarya_config: ZaryaConfig, batch: dict, key: Array,
                slot_size: int, *, apply_fn: Callable | None = None):
-    """Transform (SPEC §2 or §3) → model → loss. Returns (scalar fp32 loss, metrics dict of scalars).
+    """Transform (docs/algorithms.md §2 or §3) → model → loss. Returns (scalar fp32 loss, metrics dict of scalars).
 
     batch: [B, L] arrays (see `data/batch.py`); key: this step's key (e.g. fold_in(run_key, step));
     slot_size: static int, or a traced int32 scalar (one compile for the whole curriculum; ignored when

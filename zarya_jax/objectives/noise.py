@@ -1,4 +1,4 @@
-"""Non-slotted training transform, Eso-LM style (SPEC §3, paper §4.2).
+"""Non-slotted training transform, Eso-LM style (docs/algorithms.md §3, paper §4.2).
 
 Per example (only answer tokens are ever masked):
   * t ~ U(0, 1) per example; with `antithetic_sampling`, stratified over the examples of the batch:
@@ -79,12 +79,12 @@ def sample_t(u_t: Array, segment_ids: Array, antithetic: bool) -> Array:
 
 
 def alpha(zc: ZaryaConfig, t: Array) -> Array:
-    """Linear schedule alpha_t = alpha0 · (1 - (1 - eps) · t) (SPEC §3.1)."""
+    """Linear schedule alpha_t = alpha0 · (1 - (1 - eps) · t) (docs/algorithms.md §3.1)."""
     return zc.alpha0 * (1.0 - (1.0 - zc.eps) * t)
 
 
 def ordered_t(t: Array, a: Array, n: Array) -> Array:
-    """Per-token t rising with the answer index a in [0, n), mean t (SPEC §3.2 ordered_sampling)."""
+    """Per-token t rising with the answer index a in [0, n), mean t (docs/algorithms.md §3.2 ordered_sampling)."""
     n = jnp.maximum(n, 1).astype(jnp.float32)
     return t + jnp.minimum(t, 1.0 - t) * (2.0 * a + 1.0 - n) / n
 
@@ -168,7 +168,7 @@ def _noise_row(draws, t_row, tokens, segment_ids, positions, answer_mask, *, zc:
 
 
 def noise_transform_from_draws(draws: dict, batch: dict, zarya_config: ZaryaConfig, mask_id: int) -> dict[str, Array]:
-    """The non-slotted transform (SPEC §3) as a pure function of `draw_token_noise`'s draws.
+    """The non-slotted transform (docs/algorithms.md §3) as a pure function of `draw_token_noise`'s draws.
 
     batch: [B, L] (see `data/batch.py`). Returns 2B rows in physical order, row 2b the sequential pass and
     row 2b + 1 the diffusion pass of batch row b:
@@ -190,7 +190,7 @@ def noise_transform_from_draws(draws: dict, batch: dict, zarya_config: ZaryaConf
 
 
 def noise_transform(key: Array, batch: dict, zarya_config: ZaryaConfig, mask_id: int) -> dict[str, Array]:
-    """Non-slotted transform (SPEC §3): draws from `key`, then `noise_transform_from_draws`.
+    """Non-slotted transform (docs/algorithms.md §3): draws from `key`, then `noise_transform_from_draws`.
     Pure and deterministic in `key`; jit with `zarya_config` and `mask_id` static."""
     if mask_id is None:
         raise ConfigError("mask_id is None: the noise transform needs the <mdm_mask> token id "

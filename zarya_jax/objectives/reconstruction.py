@@ -1,4 +1,4 @@
-"""Eso-LM's reconstruction loss as the non-slotted sequential pass in the MDM convention (SPEC §3.3).
+"""Eso-LM's reconstruction loss as the non-slotted sequential pass in the MDM convention (docs/algorithms.md §3.3).
 
 Mode A's sequential phase asks the MDM head one question: a mask at logical position i, read from its
 own row, after every token decoded so far — the diffusion tokens (anywhere) and the sequential ones

@@ -1,4 +1,4 @@
-"""Slotted training transform (SPEC §2, paper §4.1; after ReFusion's `forward_process`).
+"""Slotted training transform (docs/algorithms.md §2, paper §4.1; after ReFusion's `forward_process`).
 
 Per example (prompt + answer, only the answer supervised):
   * the answer is cut into consecutive slots of `slot_size` tokens (the last may be shorter);
@@ -6,7 +6,7 @@ Per example (prompt + answer, only the answer supervised):
     probability p_mask (Bernoulli per slot);
   * clean slots keep their tokens; AR convention, targets next-token *within the slot* (the last token
     of a clean slot has no target), weight 1 — ReFusion's rule, `boundary_targets=False`. By default
-    (`boundary_targets=True`, a deviation from SPEC §2.4) the last token of a clean slot and the last
+    (`boundary_targets=True`, docs/algorithms.md §2.4, beyond ReFusion's rule) the last token of a clean slot and the last
     prompt token also get the next logical token as target, so AR decoding learns every transition;
   * masked slots become all `mask_id`; MDM convention, target = the token itself, weight 1/p_tok where
     p_tok = p_mask, or with `ordered_sampling`
@@ -15,7 +15,7 @@ Per example (prompt + answer, only the answer supervised):
     (its minimum is >= p/n), so the first tokens of a slot weigh most;
   * physical layout per example `[prompt][clean slots][masked slots]`, then the row's padding;
     `sequential_shuffle` orders the clean slots, `diffusion_shuffle` the masked slots, by random keys
-    (else in logical order); every token keeps its logical position (SPEC §0).
+    (else in logical order); every token keeps its logical position (docs/algorithms.md §0).
 Examples packed in one row stay in their own contiguous range, so the attention mask is the
 segment-causal mask over the physical order: causal, never across examples.
 
@@ -52,7 +52,7 @@ def draw_slot_noise(key: Array, shape: tuple[int, int]) -> dict[str, Array]:
 
 
 def ordered_p(p: Array, j: Array, n: Array) -> Array:
-    """Per-token p_mask rising left to right inside a group of n tokens with mean p (SPEC §2.4)."""
+    """Per-token p_mask rising left to right inside a group of n tokens with mean p (docs/algorithms.md §2.4)."""
     n = jnp.maximum(n, 1).astype(jnp.float32)
     return p + jnp.minimum(p, 1.0 - p) * (2.0 * j + 1.0 - n) / n
 
@@ -127,7 +127,7 @@ def _check_args(slot_size, mask_id):
 
 def slotted_transform_from_draws(draws: dict, batch: dict, zarya_config: ZaryaConfig, slot_size: int,
                                  mask_id: int) -> dict[str, Array]:
-    """The slotted transform (SPEC §2) as a pure function of `draw_slot_noise`'s draws.
+    """The slotted transform (docs/algorithms.md §2) as a pure function of `draw_slot_noise`'s draws.
 
     No shape depends on `slot_size`: pass a static int (one compile per size) or a traced int32 scalar
     (one compile for the whole curriculum).
@@ -154,7 +154,7 @@ def slotted_transform_from_draws(draws: dict, batch: dict, zarya_config: ZaryaCo
 
 def slotted_transform(key: Array, batch: dict, zarya_config: ZaryaConfig, slot_size: int,
                       mask_id: int) -> dict[str, Array]:
-    """Slotted transform (SPEC §2): draws from `key`, then `slotted_transform_from_draws`.
+    """Slotted transform (docs/algorithms.md §2): draws from `key`, then `slotted_transform_from_draws`.
     Pure and deterministic in `key`; jit with `zarya_config`, `slot_size`, `mask_id` static."""
     _check_args(slot_size, mask_id)
     draws = draw_slot_noise(key, tuple(batch["tokens"].shape))

@@ -1,7 +1,7 @@
-"""Zarya's hybrid AR + MDM objective (SPEC §2–§3) as an `Objective` for the trainer.
+"""Zarya's hybrid AR + MDM objective (docs/algorithms.md §2–§3) as an `Objective` for the trainer.
 
-Slotted training (the default) compiles once per slot size of the curriculum (SPEC §2.1); the
-non-slotted (Eso-LM style) objective runs a sequential and a diffusion pass per example (SPEC §3.3).
+Slotted training (the default) compiles once per slot size of the curriculum (docs/algorithms.md §2.1); the
+non-slotted (Eso-LM style) objective runs a sequential and a diffusion pass per example (docs/algorithms.md §3.3).
 The trained params are a whole model, so the objective exports them as a `zarya_jax.checkpoint` with
 the Zarya hyperparameters.
 """
@@ -14,7 +14,7 @@ from .base import Objective
 
 
 def zarya_objective(model_config: ModelConfig, zarya_config: ZaryaConfig) -> Objective:
-    """Zarya's hybrid loss (SPEC §2–§3); the slot size follows the curriculum (SPEC §2.1)."""
+    """Zarya's hybrid loss (docs/algorithms.md §2–§3); the slot size follows the curriculum (docs/algorithms.md §2.1)."""
 
     def loss_fn(params, frozen, batch, key, info):
         return losses.zarya_loss(params, model_config, zarya_config, batch, key, info.static)
@@ -27,7 +27,7 @@ def zarya_objective(model_config: ModelConfig, zarya_config: ZaryaConfig) -> Obj
         def static_at(step, total):
             return curriculum.slot_size_at(zarya_config, step, total)
         return Objective(loss_fn, static_at, 1.0, "zarya-slotted", export)
-    # The non-slotted objective runs a sequential and a diffusion pass (SPEC §3.3); the reconstruction
+    # The non-slotted objective runs a sequential and a diffusion pass (docs/algorithms.md §3.3); the reconstruction
     # rows of the MDM convention are twice as long.
     passes = 3.0 if zarya_config.sequential_convention == "mdm" else 2.0
     return Objective(loss_fn, lambda step, total: 0, passes, "zarya-eso", export)

@@ -1,4 +1,4 @@
-"""Autoregressive baseline (SPEC §4): prefill + one `lax.while_loop` decode over a static KV cache.
+"""Autoregressive baseline (docs/algorithms.md §4): prefill + one `lax.while_loop` decode over a static KV cache.
 
 Ragged prompts: row b's prompt occupies indices 0 … len_b−1 of the padded window; prefill commits only
 those rows, so each cache row has its own length and each row decodes at its own positions

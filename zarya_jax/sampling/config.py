@@ -1,4 +1,4 @@
-"""`GenerationConfig` (every sampling knob, SPEC §4–§7) and `GenerationOutput`.
+"""`GenerationConfig` (every sampling knob, docs/algorithms.md §4–§7) and `GenerationOutput`.
 
 The config is a frozen, hashable dataclass: it is a jit static argument, so one compile serves every
 call with the same (batch, prompt bucket, config).
@@ -45,9 +45,9 @@ def check_knobs(mode: str, fields, prefix: str = "") -> None:
 class GenerationConfig:
     """Knobs of `zarya_jax.sampling.generate`.
 
-    mode: "ar" | "mdm" (mode A, SPEC §5) | "slotted" (mode B, SPEC §6) | "spec" (SPEC §7); None routes
+    mode: "ar" | "mdm" (mode A, docs/algorithms.md §5) | "slotted" (mode B, docs/algorithms.md §6) | "spec" (docs/algorithms.md §7); None routes
       by `slotted_generation` as the paper does (True → "slotted", False → "mdm").
-    temperature (0 = greedy), top_k (0 = off), top_p (1.0 = off), repetition_penalty (1.0 = off): SPEC §4.
+    temperature (0 = greedy), top_k (0 = off), top_p (1.0 = off), repetition_penalty (1.0 = off): docs/algorithms.md §4.
     steps, alpha0: mode A's T (0 → ceil(M/4) diffusion steps of ≤ 4 tokens) and diffusion share.
     mdm_order, mdm_sequential: mode A beyond the paper (defaults = the paper): the diffusion tokens in
       "random" | "logical" | "confidence" order; the sequential phase read from the mask's own row

@@ -1,4 +1,4 @@
-"""The decoder protocol: what every decoding mode gives `generate()` (SPEC §4).
+"""The decoder protocol: what every decoding mode gives `generate()` (docs/algorithms.md §4).
 
 `generate` does the work all modes share — validating the config and the prompts, padding them into
 one bucketed batch, compiling one program per (batch, bucket, model config, generation config),

@@ -1,4 +1,4 @@
-"""The pieces every decoding mode shares (SPEC §4): the special ids, the prefill pass, the sampler
+"""The pieces every decoding mode shares (docs/algorithms.md §4): the special ids, the prefill pass, the sampler
 with the config's knobs, the repetition-penalty bookkeeping, the per-token log-probabilities and the
 output assembly. Each mode's loop (`ar`, `mdm`, `slotted`, `spec`) is built from them.
 """

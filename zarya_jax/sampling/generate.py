@@ -1,4 +1,4 @@
-"""The one inference entry point (SPEC §4): validate, pad/bucket the prompts, run one compiled program.
+"""The one inference entry point (docs/algorithms.md §4): validate, pad/bucket the prompts, run one compiled program.
 
 Every mode is a `decoder.Decoder` (`DECODERS`); `generate` does what they share. Each mode is one
 `jax.jit` with the model config, the generation config, the adapter config and `debug` static, so a
@@ -52,7 +52,7 @@ def generate(params, config, prompts, generation_config: GenerationConfig, key, 
     """Generates continuations of `prompts` (list of B token-id lists or 1-D integer arrays, or one integer
     array [B, L]) → `GenerationOutput`.
 
-    Routes by `generation_config.resolved_mode`: "ar" (SPEC §4), "mdm" (mode A, §5), "slotted"
+    Routes by `generation_config.resolved_mode`: "ar" (docs/algorithms.md §4), "mdm" (mode A, §5), "slotted"
     (mode B, §6), "spec" (§7; `lora_params`/`lora`, the drafter adapter with its noise convention, are
     used by this mode only: the other modes run the base weights). `use_cache=False` runs the AR
     baseline without a KV cache (mode "ar" only); `debug=True` adds per-pass logits to `stats["trace"]`

@@ -1,4 +1,4 @@
-"""Mode A: MDM sampling with first-hitting denoising and a reusable KV cache (SPEC §5, Eso-LM style).
+"""Mode A: MDM sampling with first-hitting denoising and a reusable KV cache (docs/algorithms.md §5, Eso-LM style).
 
 Per row, with M = max_new_tokens masks after the prompt:
 1. Budget. T = `steps` > 0: N_d ~ Binomial(M, alpha0) diffusion tokens spread as evenly as possible
@@ -6,7 +6,7 @@ Per row, with M = max_new_tokens masks after the prompt:
    (sequential phase). T = 0: every token is a diffusion token, ⌈M/4⌉ steps of ≤ 4. Empty steps
    (N_d < T) are skipped: they would sample nothing and leave the cache unchanged.
 2. Order. The diffusion tokens in a random order, then the sequential ones left to right; the
-   generated tokens are laid out physically in that order (logical positions carried, SPEC §0).
+   generated tokens are laid out physically in that order (logical positions carried, docs/algorithms.md §0).
    Beyond the paper (`mdm_order`): "logical" takes the diffusion tokens left to right (chunks of k_s);
    "confidence" feeds every undecoded mask at each diffusion step and commits the k_s whose most likely
    token is most probable (listed in logical order), so the window's mask half has M rows.
@@ -18,7 +18,7 @@ Per row, with M = max_new_tokens masks after the prompt:
    the token before it (offset o − 1, or the last prompt token): that token is fed again, uncommitted,
    at its own position, and its committed copy (in the cache or in this window) is hidden from it, so
    the row sees exactly the decoded context, as the AR-convention sequential pass is trained
-   (SPEC §3.3). With α0 = 0 this is the AR sampler.
+   (docs/algorithms.md §3.3). With α0 = 0 this is the AR sampler.
 4. Tokens are scattered by logical offset, so the output is in logical order.
 EOS: a row stops once every position before its first decoded EOS is decoded; the sequential tail
 then ends at the EOS.

@@ -1,4 +1,4 @@
-"""One decode pass as a program of its own: the unit every decoding mode repeats (SPEC §4–§7), for the
+"""One decode pass as a program of its own: the unit every decoding mode repeats (docs/algorithms.md §4–§7), for the
 device benchmark (cost of a pass against its window size) and the memory plan (`experiments.bench`).
 
 Inside `generate` the KV cache never leaves a mode's compiled `while_loop`, which updates it in place

@@ -1,4 +1,4 @@
-"""Categorical sampling shared by every mode (SPEC §4).
+"""Categorical sampling shared by every mode (docs/algorithms.md §4).
 
 Order of the logit transforms (as Hugging Face's logits processors): mask token → −inf, repetition
 penalty, temperature, top-k, top-p. Sampling is `argmax(logits/T + Gumbel)` with Gumbel noise built
@@ -16,7 +16,7 @@ NEG_INF = -jnp.inf
 
 
 def exclude_token(logits: Array, token_id: int | None) -> Array:
-    """Sets one token's logit to −inf (the `<mdm_mask>` token is never sampled, SPEC §4)."""
+    """Sets one token's logit to −inf (the `<mdm_mask>` token is never sampled, docs/algorithms.md §4)."""
     if token_id is None:
         return logits
     return logits.at[..., token_id].set(NEG_INF)
@@ -58,7 +58,7 @@ def filter_logits(logits: Array, top_k: int = 0, top_p: float = 1.0) -> Array:
 def process_logits(logits: Array, temperature: float, top_k: int = 0, top_p: float = 1.0,
                    repetition_penalty: float = 1.0, presence: Array | None = None,
                    exclude_id: int | None = None) -> Array:
-    """All transforms of SPEC §4 → tempered, filtered float32 logits [..., V] (temperature 0: untempered)."""
+    """All transforms of docs/algorithms.md §4 → tempered, filtered float32 logits [..., V] (temperature 0: untempered)."""
     logits = exclude_token(logits.astype(jnp.float32), exclude_id)
     logits = apply_repetition_penalty(logits, presence, repetition_penalty)
     if temperature > 0:
@@ -109,7 +109,7 @@ def gumbel(key: Array, shape) -> Array:
 def sample(key: Array, logits: Array, temperature: float, top_k: int = 0, top_p: float = 1.0,
            repetition_penalty: float = 1.0, presence: Array | None = None,
            exclude_id: int | None = None) -> Array:
-    """Draws token ids int32 [...] from logits [..., V] (SPEC §4); temperature 0 → argmax."""
+    """Draws token ids int32 [...] from logits [..., V] (docs/algorithms.md §4); temperature 0 → argmax."""
     z = process_logits(logits, temperature, top_k, top_p, repetition_penalty, presence, exclude_id)
     if temperature == 0:
         return jnp.argmax(z, axis=-1).astype(jnp.int32)
@@ -118,7 +118,7 @@ def sample(key: Array, logits: Array, temperature: float, top_k: int = 0, top_p:
 
 def token_prob(logits: Array, tokens: Array, exclude_id: int | None = None) -> Array:
     """softmax(logits)[token] (untempered, mask token excluded), float32 [...]: the confidences and
-    verification probabilities of mode B (SPEC §6)."""
+    verification probabilities of mode B (docs/algorithms.md §6)."""
     p = jax.nn.softmax(exclude_token(logits.astype(jnp.float32), exclude_id), axis=-1)
     return jnp.take_along_axis(p, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
 

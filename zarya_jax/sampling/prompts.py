@@ -1,4 +1,4 @@
-"""Ragged prompts → one right-padded, bucketed array (SPEC §4: fixed shapes, ragged batch).
+"""Ragged prompts → one right-padded, bucketed array (docs/algorithms.md §4: fixed shapes, ragged batch).
 
 Prompts are a list of token-id sequences (lists or 1-D integer arrays), or one integer array
 `[B, L]` of B prompts of L tokens each (`as_prompt_list`).

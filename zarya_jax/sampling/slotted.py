@@ -1,4 +1,4 @@
-"""Mode B: slotted speculative decoding, ReFusion's plan-and-infill (SPEC §6), at fixed shapes.
+"""Mode B: slotted speculative decoding, ReFusion's plan-and-infill (docs/algorithms.md §6), at fixed shapes.
 
 Layout: G = max_new_tokens, NB blocks of `block_size = ⌊G/NB⌋` tokens rounded down to a multiple of
 the slot size S (NB is lowered to ⌊G/S⌋ when ⌊G/NB⌋ < S) **[decision]**; the last G − NB·block_size
@@ -66,7 +66,7 @@ PENDING, CHOSEN, COMMITTED, DEAD = 0, 1, 2, 3
 
 
 def block_layout(gcfg: GenerationConfig) -> tuple[int, int]:
-    """(number of blocks, block size), SPEC §6 with the rounding decision above."""
+    """(number of blocks, block size), docs/algorithms.md §6 with the rounding decision above."""
     g, s, nb = gcfg.max_new_tokens, gcfg.slot_size, gcfg.serial_num_blocks
     if g // nb < s:
         nb = max(1, g // s)

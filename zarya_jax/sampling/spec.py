@@ -1,4 +1,4 @@
-"""Ψ-Spec lossless speculative sampling (SPEC §7): Uno's gated-LoRA drafter, or Zarya self-speculation.
+"""Ψ-Spec lossless speculative sampling (docs/algorithms.md §7): Uno's gated-LoRA drafter, or Zarya self-speculation.
 
 One cycle, per batch row, with the cache holding the committed text except its last token (the seed
 at logical position n−1):
@@ -55,7 +55,7 @@ Array = jax.Array
 
 # --------------------------------------------------------------------------- accept / residual
 def accept_drafts(p: Array, q: Array, drafts: Array, key: Array, *, greedy: bool) -> tuple[Array, Array]:
-    """Speculative acceptance for K drafts per row (SPEC §7 step 3).
+    """Speculative acceptance for K drafts per row (docs/algorithms.md §7.3 step 3).
 
     p: [b, K+1, V] target probs at the K draft positions plus the bonus position; q: [b, K, V] draft
     probs; drafts: int [b, K] (c_j ~ q_j).
@@ -108,7 +108,7 @@ def _presence_rows(presence: Array | None, tokens: Array) -> Array | None:
 # --------------------------------------------------------------------------- the decode loop
 def draft_pass(params, lora_params, cache: dict, seed: Array, n: Array, key: Array, *, config: ModelConfig,
                draft_length: int, drafter: str, lora: LoraConfig | None):
-    """The draft pass of one cycle (SPEC §7 step 1) against `cache` (committed text minus the seed);
+    """The draft pass of one cycle (docs/algorithms.md §7.3 step 1) against `cache` (committed text minus the seed);
     the LoRA drafter's noise rows follow the adapter's `lora.noise`.
 
     seed int [b] at logical position n−1 (n int [b]). Returns (logits fp32 [b, F, V]: row 0 the AR

@@ -35,7 +35,7 @@ class TrainConfig:
 
     steps: int = 1000
     seed: int = 0
-    objective: str = "zarya"  # zarya (the hybrid loss, SPEC §2–§3) | ar (plain next-token baseline)
+    objective: str = "zarya"  # zarya (the hybrid loss, docs/algorithms.md §2–§3) | ar (plain next-token baseline)
     log_every: int = 10
     eval_every: int = 200
     eval_batches: int = 4

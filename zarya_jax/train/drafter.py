@@ -1,4 +1,4 @@
-"""Uno's drafter run (SPEC §7): train a gated-LoRA adapter on a frozen checkpoint with the shared loop.
+"""Uno's drafter run (docs/algorithms.md §7): train a gated-LoRA adapter on a frozen checkpoint with the shared loop.
 
 `DrafterRunConfig` is the entry point's config tree: the trainer's sections (the model comes from the
 base checkpoint) plus `lora` (rank, alpha and the noise convention the adapter is trained and sampled

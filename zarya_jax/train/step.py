@@ -1,9 +1,9 @@
 """Sharded training step: the train state, the jitted train/eval steps and their compile cache.
 
 Objective-agnostic: an `objectives.Objective` supplies the loss and, per step, a hashable static value
-(Zarya's slot size, SPEC §2.1) that fixes shapes, so `StepCache` compiles one step per distinct value.
+(Zarya's slot size, docs/algorithms.md §2.1) that fixes shapes, so `StepCache` compiles one step per distinct value.
 Only `trainable` gets gradients and optimizer state; `frozen` (e.g. the AR base under a LoRA drafter,
-SPEC §7) is passed through, sharded but never updated or checkpointed.
+docs/algorithms.md §7) is passed through, sharded but never updated or checkpointed.
 
 Train state (a dict, all of it checkpointed): `step` int32, `params` (trainable, fp32 master
 weights), `opt_state` (fp32 Adam moments), `rng` (the run key's data), `bad_step` int32 (-1, or the
