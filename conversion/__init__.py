@@ -15,6 +15,7 @@ from typing import Callable, Iterator
 from safetensors import SafetensorError
 
 from zarya_jax.config import ConfigError
+from zarya_jax.data.qwen3_tokenizer import TokenizerBuildError
 from zarya_jax.files import OutputPathError, atomic_directory, check_output, check_writable_dir
 from zarya_jax.train.preemption import signals_interrupt
 from zarya_jax.nn.hf_params import ShapeError
@@ -30,7 +31,7 @@ class ConversionError(Exception):
 
 
 # Errors that mean "the input is wrong", not "the converter is broken": reported, not traced.
-EXPECTED_ERRORS = (ConversionError, ConfigError, ShapeError, CheckpointError, OutputPathError, SafetensorError,
+EXPECTED_ERRORS = (ConversionError, TokenizerBuildError, ConfigError, ShapeError, CheckpointError, OutputPathError, SafetensorError,
                    FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from zarya_jax.eval import tasks
 from zarya_jax.files import check_output, check_writable_dir

