@@ -28,6 +28,7 @@ from typing import Callable
 from zarya_jax import overrides
 from zarya_jax.config import ConfigError, check_bounds
 from zarya_jax.files import check_output
+from zarya_jax.lock import host_lock_name, workdir_lock
 from zarya_jax.train.divergence import DivergenceError
 from zarya_jax.train.preemption import signals_interrupt
 
@@ -88,6 +89,18 @@ def check_workdir(workdir: str, inputs: dict, writes: tuple[str, ...] = ()) -> N
     not be one, lie inside one, be a filesystem root, the home directory or the repository, nor contain
     an input where it writes one of `writes` (`zarya_jax.files.check_output`)."""
     check_output(workdir, inputs, "--workdir", writes=writes)
+
+
+def training_lock(workdir: str, command: str, distributed: str = "auto"):
+    """The workdir lock of a training command (`zarya_jax.lock`). A multi-host run's processes share the
+    workdir, so each holds the lock of its host; `jax.distributed` is initialised first for that (before
+    any device use, as `train` would, which then finds it initialised)."""
+    import jax
+
+    from zarya_jax.train.sharding import maybe_initialize_distributed
+
+    maybe_initialize_distributed(distributed)
+    return workdir_lock(workdir, command, name=host_lock_name(jax.process_index(), jax.process_count()))
 
 
 def add_set_flag(p: argparse.ArgumentParser, example: str = "optim.lr=1e-3") -> None:

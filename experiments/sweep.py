@@ -34,7 +34,7 @@ import os
 import sys
 
 from zarya_jax.experiment import sweep as engine
-from zarya_jax.lock import LOCK_NAME, workdir_lock
+from zarya_jax.lock import host_lock_name, workdir_lock
 from zarya_jax.experiment.sweep import DONE, SweepError, load_spec  # noqa: F401  (their former home)
 
 from . import cli
@@ -72,9 +72,7 @@ def _run(args) -> int:
     workdir = args.workdir or os.path.join("runs", "sweeps", spec["name"])
     cli.check_workdir(workdir, {"sweep file": args.spec},
                       ("sweep.json", "results.csv", "results.md", "results.png") + tuple(n for n, _ in engine.expand(spec)))
-    # The hosts of a pod share the workdir (each runs its own share): one lock per host index.
-    lock_name = LOCK_NAME if args.num_hosts == 1 else f"{LOCK_NAME}.host-{args.host_index}"
-    with workdir_lock(workdir, "experiments.sweep", name=lock_name):
+    with workdir_lock(workdir, "experiments.sweep", name=host_lock_name(args.host_index, args.num_hosts)):
         status, written = engine.sweep(spec, workdir, extra=extra, host_index=args.host_index,
                                        num_hosts=args.num_hosts, force=args.force, collect_only=args.collect_only)
     print(open(os.path.join(workdir, "results.md")).read())

@@ -17,7 +17,6 @@ import argparse
 import json
 
 from zarya_jax import overrides
-from zarya_jax.lock import workdir_lock
 from zarya_jax.train import config as rc
 from zarya_jax.train.loop import train
 
@@ -44,7 +43,7 @@ def _run(args) -> int:
     config = rc.load(args.config, overrides)
     cli.check_workdir(args.workdir, {"data.train": config.data.train, "data.eval": config.data.eval,
                                      "train.init_from": config.train.init_from})
-    with workdir_lock(args.workdir, "experiments.train"):
+    with cli.training_lock(args.workdir, "experiments.train", config.train.distributed):
         summary = train(config, args.workdir, force=args.force)
     print(json.dumps({k: v for k, v in summary.items() if k != "state"}, indent=2, default=str))
     return cli.run_status(summary)

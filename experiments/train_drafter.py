@@ -24,7 +24,6 @@ import argparse
 import json
 
 from zarya_jax import overrides
-from zarya_jax.lock import workdir_lock
 from zarya_jax.train import config as rc
 from zarya_jax.train import drafter as drafter_run
 
@@ -50,7 +49,7 @@ def main(argv=None) -> int:
 def _run(args) -> int:
     cfg = drafter_run.load_config(args.config, cli.run_overrides(args))
     cli.check_workdir(args.workdir, {"--base": args.base, "data.train": cfg.data.train, "data.eval": cfg.data.eval})
-    with workdir_lock(args.workdir, "experiments.train_drafter"):
+    with cli.training_lock(args.workdir, "experiments.train_drafter", cfg.train.distributed):
         summary = drafter_run.train_drafter(cfg, args.base, args.workdir, force=args.force)
     print(json.dumps(summary, indent=2, default=str))
     return cli.run_status(summary)

@@ -32,6 +32,12 @@ from .files import check_writable_dir
 LOCK_NAME = ".lock"
 
 
+def host_lock_name(host_index: int, num_hosts: int) -> str:
+    """The lock of one host of a multi-host run: the hosts of a pod share the workdir by design (each runs
+    its own share), so each holds a lock of its own; a single-host run holds the workdir's lock."""
+    return LOCK_NAME if num_hosts == 1 else f"{LOCK_NAME}.host-{host_index}"
+
+
 class WorkdirLocked(ValueError):
     """The workdir is in use by another run."""
 
