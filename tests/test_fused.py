@@ -172,3 +172,15 @@ def test_fused_needs_spec_with_the_self_drafter():
             gc.validate(CFG)
     with pytest.raises(ValueError, match="fused"):
         GenerationConfig(mode="spec", drafter="self", fused=1).validate(CFG)
+
+
+def test_frontier_grid_has_fused_points_only_when_asked():
+    from zarya_jax.eval import frontier
+    plain = frontier.grid_points(frontier.FrontierConfig(draft_lengths=(2, 4)), ["spec-self", "spec-lora"], 16)
+    assert not any(k.get("fused") for _, k in plain)
+    asked = frontier.grid_points(frontier.FrontierConfig(draft_lengths=(2, 4), spec_self_fused=True),
+                                 ["spec-self", "spec-lora"], 16)
+    extra = [p for p in asked if p not in plain]
+    assert extra == [("spec-self", {"draft_length": 2, "fused": True}), ("spec-self", {"draft_length": 4, "fused": True})]
+    assert frontier.describe(*extra[0]) == "K=2 fused"
+    GenerationConfig(mode="spec", drafter="self", **extra[0][1]).validate(CFG)
