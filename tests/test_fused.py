@@ -7,23 +7,12 @@ import numpy as np
 import pytest
 
 from zarya_jax.nn import model as model_lib
-from zarya_jax.config import ModelConfig
 from zarya_jax.nn import masks
 from zarya_jax.sampling import GenerationConfig, generate, pad_prompts
 from zarya_jax.sampling import fused
-from zarya_jax.testing import UNO_CONFIG as CFG, synthetic_tokens
+from zarya_jax.testing import UNO_CONFIG as CFG
 from zarya_jax.testing import uno_random_params as random_model, uno_trained_params as trained_model
-
-PROMPT_LENGTHS = (9, 3, 14, 1, 6)
-
-
-def _prompts(trained: bool):
-    rng = np.random.default_rng(7)
-    if trained:
-        rows = synthetic_tokens(rng, len(PROMPT_LENGTHS), max(PROMPT_LENGTHS))
-        return [list(map(int, r[:n])) for r, n in zip(rows, PROMPT_LENGTHS)]
-    return [list(map(int, rng.integers(0, 256, n))) for n in PROMPT_LENGTHS]
-
+from test_spec import SMALL, _prompts  # the two-pass tests' ragged prompts and V = 8 model
 
 def test_window_layout():
     """K = 2: the verify block [y, d1, d2] at n−1 … n+1, then block m at n+m … n+m+2 seeing y … d_m."""
@@ -120,11 +109,6 @@ def test_cache_and_drafts_after_each_cycle_equal_a_recompute(temperature):
                 rows = logits[i, n + 1:n + 1 + k].copy()
                 rows[:, CFG.mask_token_id] = -np.inf
                 np.testing.assert_array_equal(raw["drafts"][i], rows.argmax(-1))
-
-
-SMALL = ModelConfig(vocab_size=8, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
-                    head_dim=16, max_position_embeddings=64, mask_token_id=7, eos_token_id=None, pad_token_id=0,
-                    tie_word_embeddings=False)
 
 
 @pytest.mark.parametrize("top_k", [0, 3])

@@ -36,7 +36,7 @@ import numpy as np
 from ..config import ModelConfig
 from ..nn import kv_cache
 from ..nn import model as model_lib
-from . import decoding, primitives, spec
+from . import decoding, spec
 from .config import GenerationConfig
 from .decoder import Decoder
 
@@ -78,13 +78,7 @@ def fused_decode(params, prompts: Array, lengths: Array, key: Array, max_cycles:
     prompts = prompts.astype(jnp.int32)
     lengths = lengths.astype(jnp.int32)
 
-    def dist(logits, presence):  # the exact distribution the AR sampler draws from
-        return primitives.probs(logits, gcfg.temperature, gcfg.top_k, gcfg.top_p, gcfg.repetition_penalty,
-                                presence, config.mask_token_id)
-
-    def draw(k, logits, presence):
-        return primitives.sample(k, logits, gcfg.temperature, gcfg.top_k, gcfg.top_p, gcfg.repetition_penalty,
-                                 presence, config.mask_token_id)
+    dist, draw = spec.target(config, gcfg)
 
     def drafts_from(k, logits, presence):  # drafts ~ q and q itself; any q is lossless, so the penalty set
         pres = None if presence is None else presence[:, None, :]  # is the committed text's

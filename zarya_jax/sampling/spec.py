@@ -97,6 +97,21 @@ def sample_from_probs(key: Array, probs: Array) -> Array:
     return jnp.argmax(logp + primitives.gumbel(key, probs.shape), axis=-1).astype(jnp.int32)
 
 
+def target(config: ModelConfig, gcfg: GenerationConfig):
+    """(dist, draw) with the config's knobs: dist(logits [..., V], presence) is the exact distribution
+    the AR sampler draws from (p, and q by the same rule), draw(key, logits, presence) one token from it."""
+
+    def dist(logits, presence):
+        return primitives.probs(logits, gcfg.temperature, gcfg.top_k, gcfg.top_p, gcfg.repetition_penalty,
+                                presence, config.mask_token_id)
+
+    def draw(key, logits, presence):
+        return primitives.sample(key, logits, gcfg.temperature, gcfg.top_k, gcfg.top_p, gcfg.repetition_penalty,
+                                 presence, config.mask_token_id)
+
+    return dist, draw
+
+
 def presence_rows(presence: Array | None, tokens: Array) -> Array | None:
     """bool [b, t, V]: row i's repetition-penalty set = committed text plus tokens[:, :i+1]."""
     if presence is None:
@@ -170,13 +185,7 @@ def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array,
     prompts = prompts.astype(jnp.int32)
     lengths = lengths.astype(jnp.int32)
 
-    def dist(logits, presence):  # the exact distribution the AR sampler draws from
-        return primitives.probs(logits, gcfg.temperature, gcfg.top_k, gcfg.top_p, gcfg.repetition_penalty,
-                                presence, config.mask_token_id)
-
-    def draw(k, logits, presence):  # one token per row of logits [b, t, V]
-        return primitives.sample(k, logits, gcfg.temperature, gcfg.top_k, gcfg.top_p, gcfg.repetition_penalty,
-                                 presence, config.mask_token_id)
+    dist, draw = target(config, gcfg)
 
     cache, seed = prefill_but_last(params, config, prompts, lengths, cache_rows(gcfg, P), gcfg.kv_cache_dtype)
 
