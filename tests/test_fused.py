@@ -9,7 +9,7 @@ import pytest
 from zarya_jax.nn import model as model_lib
 from zarya_jax.nn import masks
 from zarya_jax.sampling import GenerationConfig, generate, pad_prompts
-from zarya_jax.sampling import fused
+from zarya_jax.sampling import fused, passes
 from zarya_jax.testing import UNO_CONFIG as CFG
 from zarya_jax.testing import uno_random_params as random_model, uno_trained_params as trained_model
 from test_spec import SMALL, _prompts  # the two-pass tests' ragged prompts and V = 8 model
@@ -19,6 +19,7 @@ def test_window_layout():
     offsets, mask = fused.window_layout(2)
     np.testing.assert_array_equal(offsets, [-1, 0, 1, 0, 1, 2, 1, 2, 3, 2, 3, 4])
     assert mask.shape == (12, 12) and fused.window_rows(GenerationConfig(draft_length=2)) == 12
+    assert passes.window_rows(GenerationConfig(mode="spec", drafter="self", fused=True, draft_length=4)) == 30
     np.testing.assert_array_equal(mask[:3, :3], np.tril(np.ones((3, 3), bool)))
     assert not mask[:3, 3:].any()  # the verify rows see no scenario row: they are the AR rows
     for m in range(3):
