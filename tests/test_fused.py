@@ -57,14 +57,15 @@ def test_greedy_identical_to_ar(model, k):
 
 
 def test_one_forward_per_cycle(monkeypatch):
-    """The compiled program calls the model three times: prefill, bootstrap, and once in the loop body."""
+    """The program calls the model three times: prefill, bootstrap, and once in the loop body."""
+    gc = GenerationConfig(mode="spec", drafter="self", fused=True, draft_length=2, max_new_tokens=5)
+    args = (random_model(), jnp.ones((2, 4), jnp.int32), jnp.asarray([4, 2]), jax.random.PRNGKey(0), jnp.int32(5))
     calls = []
     apply = model_lib.apply
     monkeypatch.setattr(model_lib, "apply", lambda *a, **kw: calls.append(a[2].shape) or apply(*a, **kw))
-    gc = GenerationConfig(mode="spec", drafter="self", fused=True, draft_length=2, max_new_tokens=5)
-    raw = fused.fused_decode(random_model(), jnp.ones((2, 4), jnp.int32), jnp.asarray([4, 2]), jax.random.PRNGKey(0),
-                             jnp.int32(5), config=CFG, gcfg=gc)
+    jax.make_jaxpr(lambda *a: fused.fused_decode.__wrapped__(*a, config=CFG, gcfg=gc))(*args)  # a fresh trace
     assert [s[1] for s in calls] == [4, 3, 12]  # prompt, [y, mask × K], (K+1)(K+2)
+    raw = fused.fused_decode(*args, config=CFG, gcfg=gc)
     np.testing.assert_array_equal(raw["num_forward_passes"], 2 + raw["row_cycles"])
     assert int(raw["loop_passes"]) == 2 + int(raw["row_cycles"].max())
 
