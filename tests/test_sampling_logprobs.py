@@ -50,6 +50,8 @@ CASES = [  # (mode, drafter, knobs)
     ("ar_uncached", None, dict(temperature=1.3, top_p=0.9)),
     ("spec", "self", dict(temperature=1.0, draft_length=3)),
     ("spec", "self", dict(temperature=0.7, top_k=3, draft_length=4)),
+    ("spec", "self", dict(temperature=1.0, draft_length=3, fused=True)),
+    ("spec", "self", dict(temperature=1.3, top_k=5, repetition_penalty=1.2, draft_length=3, fused=True)),
     ("spec", "lora", dict(temperature=1.0, draft_length=4)),
     ("spec", "lora", dict(temperature=1.3, top_k=5, repetition_penalty=1.2, draft_length=3)),
 ]

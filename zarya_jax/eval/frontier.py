@@ -37,6 +37,8 @@ class FrontierConfig:
       sequential convention, α0 = 1 the convention). Mode A beats AR's tokens per forward only when
       α0·M > T (≈ M / (1 + min(N_d, T) + (1 − α0)·M)), so the default grid has no α0 = 0.25 point (≈ 0.85
       by construction at T = 16) and no T = 16 point. draft_lengths: F of spec-self / spec-lora.
+    spec_self_fused: also sweep fused self-speculation (one forward per cycle, K = each draft length) in
+      spec-self's grid; off by default, as its window of (K+1)(K+2) rows would grow the sweep's budget.
     tolerance: the fraction of the validation examples a chosen point may lose to AR (answer wrongly where AR
       is right); 0 (the default) asks for every answer AR gets right — parallel decoding at AR quality, the
       papers' claim.
@@ -53,6 +55,7 @@ class FrontierConfig:
     mdm_orders: tuple[str, ...] = ("random", "confidence")
     mdm_sequential: tuple[str, ...] = ("mask", "ar")
     draft_lengths: tuple[int, ...] = (2, 4, 8, 16)
+    spec_self_fused: bool = False
     tolerance: float = 0.0
     enabled: bool = True
 
@@ -98,6 +101,8 @@ def grid_points(fc: FrontierConfig, modes, max_new_tokens: int) -> list[tuple[st
             points += [("mdm", k) for k in mdm_points(fc)]
         elif mode in ("spec-self", "spec-lora"):
             points += [(mode, {"draft_length": f}) for f in fc.draft_lengths]
+            if mode == "spec-self" and fc.spec_self_fused:
+                points += [(mode, {"draft_length": f, "fused": True}) for f in fc.draft_lengths]
     return points
 
 
@@ -134,6 +139,8 @@ def describe(mode: str, knobs: dict) -> str:
         extra += ["AR-row sequential"] if knobs.get("mdm_sequential", "mask") == "ar" else []
         return " ".join([base] + extra)
     if mode.startswith("spec"):
+        if knobs.get("fused"):
+            return f"K={knobs['draft_length']} fused"
         return f"F={knobs['draft_length']}"
     return ""
 

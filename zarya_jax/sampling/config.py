@@ -23,7 +23,7 @@ COMMON_KNOBS = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_p
 MODE_KNOBS = {"ar": COMMON_KNOBS, "mdm": COMMON_KNOBS + ("steps", "alpha0", "mdm_order", "mdm_sequential"),
               "slotted": COMMON_KNOBS + ("slot_size", "serial_num_blocks", "slot_threshold", "token_threshold",
                                          "ar_infill", "ar_first_token"),
-              "spec": COMMON_KNOBS + ("draft_length",)}
+              "spec": COMMON_KNOBS + ("draft_length", "fused")}
 ROUTING_FIELDS = ("mode", "slotted_generation", "drafter")
 
 
@@ -59,6 +59,8 @@ class GenerationConfig:
       forced after an accepted prefix is the AR row's own choice, and a slot that directly follows
       committed text starts with the AR choice for that position (see `sampling.slotted`).
     draft_length, drafter: mode "spec" (F and "lora" | "self").
+    fused: mode "spec" with drafter "self" in one forward pass per cycle (docs/algorithms.md §7.5; `draft_length`
+      is its K drafts per cycle).
     eos_token_id: None → the model config's; stop_at_eos: a row stops after its first EOS.
     prompt_bucket: padded prompt length is rounded up to a multiple of it (bounds the compiles).
     kv_cache_dtype: K/V storage of the cache, "auto" (the model's compute dtype) or one of
@@ -84,6 +86,7 @@ class GenerationConfig:
     ar_first_token: bool = False
     draft_length: int = 8
     drafter: str = "lora"
+    fused: bool = False
     eos_token_id: int | None = None
     prompt_bucket: int = 16
     stop_at_eos: bool = True
@@ -135,6 +138,11 @@ class GenerationConfig:
                 f"GenerationConfig.mdm_sequential={self.mdm_sequential!r}: expected one of {MDM_SEQUENTIAL}")
         if self.drafter not in DRAFTERS:
             raise ValueError(f"GenerationConfig.drafter={self.drafter!r}: expected one of {DRAFTERS}")
+        if not isinstance(self.fused, bool):
+            raise ValueError(f"GenerationConfig.fused={self.fused!r}: expected True or False")
+        if self.fused and (self.resolved_mode != "spec" or self.drafter != "self"):
+            raise ValueError(f"GenerationConfig.fused=True is a mode of Ψ-Spec with the self drafter; got "
+                             f"mode={self.resolved_mode!r}, drafter={self.drafter!r} (expected mode='spec', drafter='self')")
         if self.resolved_mode == "slotted" and self.slot_size > self.max_new_tokens:
             raise ValueError(
                 f"GenerationConfig.slot_size={self.slot_size} does not fit max_new_tokens={self.max_new_tokens}: "
@@ -171,7 +179,9 @@ class GenerationConfig:
                 raise ValueError(f"prompts[{i}] has token id {int(arr.min() if arr.min() < 0 else arr.max())} "
                                  f"outside the vocabulary [0, {mc.vocab_size})")
             if mc is not None:
-                need = len(p) + self.max_new_tokens + (self.draft_length if self.resolved_mode == "spec" else 0)
+                # the fused window's last scenario rows reach K positions past the last draft
+                reach = (2 if self.fused else 1) * self.draft_length
+                need = len(p) + self.max_new_tokens + (reach if self.resolved_mode == "spec" else 0)
                 if need > mc.max_position_embeddings:
                     raise ValueError(
                         f"prompts[{i}] has {len(p)} tokens; with max_new_tokens={self.max_new_tokens} it needs "

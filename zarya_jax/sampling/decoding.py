@@ -71,6 +71,31 @@ def logprobs_of(config, gcfg: GenerationConfig, logits: Array, tokens: Array) ->
     return primitives.token_logprob(logits, tokens, gcfg.temperature or 1.0, config.mask_token_id)
 
 
+def emit(out: Array, logprobs: Array, g: Array, active: Array, new: Array, count: Array, logits: Array,
+         eos: int | None, *, config, gcfg: GenerationConfig):
+    """Writes one step's tokens into the output of a multi-token loop: of new int [B, t], the first
+    `count` [B], cut after the first EOS (when stopping at EOS) and at the budget, land at offset g [B]
+    of each active row of out [B, G]; logits [B, t, V] are the AR logits each token was drawn from (its
+    `logprobs_of` goes into logprobs [B, G]). Returns (out, logprobs, g, finished [B]: active rows that
+    hit EOS or the budget, written [B, t])."""
+    b, t = new.shape
+    budget = out.shape[1]
+    idx = jnp.arange(t)[None, :]
+    hit = jnp.zeros((b,), bool)
+    if eos is not None and gcfg.stop_at_eos:
+        is_eos = (new == eos) & (idx < count[:, None])
+        hit = jnp.any(is_eos, axis=1)
+        count = jnp.where(hit, jnp.argmax(is_eos, axis=1) + 1, count)
+    count = jnp.minimum(count, budget - g)
+    written = (idx < count[:, None]) & active[:, None]
+    where = jnp.where(written, g[:, None] + idx, budget)  # out of range → dropped
+    scatter = jax.vmap(lambda o, w, v: o.at[w].set(v, mode="drop"))
+    out = scatter(out, where, new)
+    logprobs = scatter(logprobs, where, logprobs_of(config, gcfg, logits, new))
+    g = g + jnp.where(active, count, 0)
+    return out, logprobs, g, active & (hit | (g >= budget)), written
+
+
 def finish(out: Array, generated: Array, eos: int | None, gcfg: GenerationConfig, pad: int):
     """lengths [B] = first EOS + 1 (when stopping at EOS) else `generated`; tokens after it → pad."""
     g = out.shape[1]

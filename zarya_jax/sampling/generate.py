@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import ar, decoding, mdm, slotted, spec
+from . import ar, decoding, fused, mdm, slotted, spec
 from .config import GenerationConfig, GenerationOutput
 from .decoder import Decoder
 from ..nn import hf_params
@@ -25,7 +25,7 @@ from .prompts import as_prompt_list, pad_prompts
 TRACE_COUNTS: collections.Counter = collections.Counter()
 DYNAMIC_FIELDS = slotted.KNOBS  # the fields passed traced (`slotted.Knobs`), reset in the static key
 DECODERS: dict[str, Decoder] = {"ar": ar.DECODER, "ar_uncached": ar.UNCACHED, "mdm": mdm.DECODER,
-                                "slotted": slotted.DECODER, "spec": spec.DECODER}
+                                "slotted": slotted.DECODER, "spec": spec.DECODER, "spec_fused": fused.DECODER}
 
 
 def _make_jitted(name: str):
@@ -69,6 +69,8 @@ def generate(params, config, prompts, generation_config: GenerationConfig, key, 
     if not use_cache and mode != "ar":
         raise ValueError(f"use_cache=False is only available for mode 'ar', not {mode!r}")
     name = mode if use_cache else "ar_uncached"
+    if mode == "spec" and gc.fused:
+        name = "spec_fused"
     decoder = DECODERS[name]
     decoder.check(config, gc, lora_params, lora)
     adapter = decoder.uses_adapter and mode == "spec" and gc.drafter == "lora"

@@ -7,7 +7,7 @@ the cache is *donated*: the returned cache reuses the argument's buffers, so a P
 holds one cache, not two.
 
 - `window_rows(gcfg)`: the rows of one pass of each mode: AR 1; mode A 2K (`mdm.window_rows`); mode B one
-  block (`slotted.block_layout`); Ψ-Spec F (F + 1 with the self drafter: the seed and F masks).
+  block (`slotted.block_layout`); Ψ-Spec F (F + 1 with the self drafter: the seed and F masks); fused Ψ-Spec (K+1)(K+2) (`fused.window_rows`).
 - `cache_rows(gcfg, prompt_len)`: the rows of the cache each mode allocates.
 - `cached_pass(params, cache, tokens, positions, *, config)`: a causal window [B, W] at logical
   `positions` against every committed cache row; returns (logits fp32 [B, W, V], the cache with the
@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from ..nn import kv_cache
 from ..nn import model as model_lib
-from . import mdm, slotted, spec
+from . import fused, mdm, slotted, spec
 from .config import GenerationConfig
 
 Array = jax.Array
@@ -37,6 +37,8 @@ def window_rows(gcfg: GenerationConfig) -> int:
         return 2 * mdm.window_rows(gcfg)
     if mode == "slotted":
         return slotted.block_layout(gcfg)[1]
+    if gcfg.fused:
+        return fused.window_rows(gcfg)
     return gcfg.draft_length + (1 if gcfg.drafter == "self" else 0)
 
 

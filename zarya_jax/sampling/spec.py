@@ -97,7 +97,22 @@ def sample_from_probs(key: Array, probs: Array) -> Array:
     return jnp.argmax(logp + primitives.gumbel(key, probs.shape), axis=-1).astype(jnp.int32)
 
 
-def _presence_rows(presence: Array | None, tokens: Array) -> Array | None:
+def target(config: ModelConfig, gcfg: GenerationConfig):
+    """(dist, draw) with the config's knobs: dist(logits [..., V], presence) is the exact distribution
+    the AR sampler draws from (p, and q by the same rule), draw(key, logits, presence) one token from it."""
+
+    def dist(logits, presence):
+        return primitives.probs(logits, gcfg.temperature, gcfg.top_k, gcfg.top_p, gcfg.repetition_penalty,
+                                presence, config.mask_token_id)
+
+    def draw(key, logits, presence):
+        return primitives.sample(key, logits, gcfg.temperature, gcfg.top_k, gcfg.top_p, gcfg.repetition_penalty,
+                                 presence, config.mask_token_id)
+
+    return dist, draw
+
+
+def presence_rows(presence: Array | None, tokens: Array) -> Array | None:
     """bool [b, t, V]: row i's repetition-penalty set = committed text plus tokens[:, :i+1]."""
     if presence is None:
         return None
@@ -136,6 +151,19 @@ def cache_rows(gcfg: GenerationConfig, prompt_len: int) -> int:
     return prompt_len + gcfg.max_new_tokens + gcfg.draft_length + 2
 
 
+def prefill_but_last(params, config: ModelConfig, prompts: Array, lengths: Array, cache_len: int,
+                     cache_dtype: str = "auto") -> tuple[dict, Array]:
+    """Ψ-Spec's prefill: a cache of `cache_len` rows holding each prompt minus its last token, and that
+    token (the first seed, at logical position length − 1) int [b]."""
+    b, P = prompts.shape
+    ar_idx = jnp.arange(P)[None, :]
+    valid = ar_idx < (lengths - 1)[:, None]
+    _, kv = model_lib.apply(params, config, prompts, jnp.broadcast_to(ar_idx, (b, P)).astype(jnp.int32),
+                            segment_ids=valid.astype(jnp.int32), return_hidden=True)
+    cache = kv_cache.commit(kv_cache.init(config, b, cache_len, cache_dtype), kv, valid)
+    return cache, jnp.take_along_axis(prompts, (lengths - 1)[:, None], axis=1)[:, 0]
+
+
 @functools.partial(jax.jit, static_argnames=("config", "gcfg", "lora"))
 def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array, max_cycles: Array, *,
                 config: ModelConfig, gcfg: GenerationConfig, lora: LoraConfig | None = None) -> dict:
@@ -154,26 +182,12 @@ def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array,
     b, P = prompts.shape
     greedy = gcfg.temperature == 0
     eos, pad = decoding.special_ids(config, gcfg)
-    stop = eos is not None and gcfg.stop_at_eos
     prompts = prompts.astype(jnp.int32)
     lengths = lengths.astype(jnp.int32)
 
-    def dist(logits, presence):  # the exact distribution the AR sampler draws from
-        return primitives.probs(logits, gcfg.temperature, gcfg.top_k, gcfg.top_p, gcfg.repetition_penalty,
-                                presence, config.mask_token_id)
+    dist, draw = target(config, gcfg)
 
-    def draw(k, logits, presence):  # one token per row of logits [b, t, V]
-        return primitives.sample(k, logits, gcfg.temperature, gcfg.top_k, gcfg.top_p, gcfg.repetition_penalty,
-                                 presence, config.mask_token_id)
-
-    # Prefill: the cache holds the prompt minus its last token, which becomes the first seed.
-    cache = kv_cache.init(config, b, cache_rows(gcfg, P), gcfg.kv_cache_dtype)
-    ar_idx = jnp.arange(P)[None, :]
-    valid = ar_idx < (lengths - 1)[:, None]
-    _, kv = model_lib.apply(params, config, prompts, jnp.broadcast_to(ar_idx, (b, P)).astype(jnp.int32),
-                            segment_ids=valid.astype(jnp.int32), return_hidden=True)
-    cache = kv_cache.commit(cache, kv, valid)
-    seed = jnp.take_along_axis(prompts, (lengths - 1)[:, None], axis=1)[:, 0]
+    cache, seed = prefill_but_last(params, config, prompts, lengths, cache_rows(gcfg, P), gcfg.kv_cache_dtype)
 
     idx_d = jnp.arange(F + 1 if drafter == "self" else F, dtype=jnp.int32)[None, :]
     idx_f = jnp.arange(F, dtype=jnp.int32)[None, :]
@@ -204,31 +218,19 @@ def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array,
         c = kv_cache.commit(c, kv_d, (idx_d == 0) & active[:, None])  # the seed's AR K/V only
 
         logits_v, kv_v = model_lib.apply(params, config, drafts, n[:, None] + idx_f, cache=c)
-        p = dist(logits_v, _presence_rows(s["presence"], drafts))  # p_1 … p_F
+        p = dist(logits_v, presence_rows(s["presence"], drafts))  # p_1 … p_F
         m, nxt = accept_drafts(p, q, drafts[:, 1:], k_acc, greedy=greedy)
         c = kv_cache.commit(c, kv_v, (idx_f <= m[:, None]) & active[:, None])
 
         # Emitted this cycle: c0 … c_m, then the correction/bonus (m+2 tokens); cut at EOS and budget.
         ext = jnp.concatenate([drafts, jnp.zeros((b, 1), jnp.int32)], axis=1)
         new = jnp.where(idx_o <= m[:, None], ext, nxt[:, None])
-        count = m + 2
-        if stop:
-            is_eos = (new == eos) & (idx_o < count[:, None])
-            hit = jnp.any(is_eos, axis=1)
-            count = jnp.where(hit, jnp.argmax(is_eos, axis=1) + 1, count)
-        else:
-            hit = jnp.zeros((b,), bool)
-        count = jnp.minimum(count, G - s["g"])
-        write = (idx_o < count[:, None]) & active[:, None]
-        where = jnp.where(write, s["g"][:, None] + idx_o, G)
-        scatter = jax.vmap(lambda o, w, v: o.at[w].set(v, mode="drop"))
-        out = scatter(s["out"], where, new)
         # Every emitted token comes from a base-weight row: c0 from the seed row of the draft pass, the
         # accepted drafts and the correction/bonus from the verify rows (row j − 1 for index j).
         ar_logits = jnp.concatenate([logits_d[:, :1], logits_v], axis=1)
-        logprobs = scatter(s["logprobs"], where, decoding.logprobs_of(config, gcfg, ar_logits, new))
-        g = s["g"] + jnp.where(active, count, 0)
-        done = s["done"] | (active & (hit | (g >= G)))
+        out, logprobs, g, finished, write = decoding.emit(s["out"], s["logprobs"], s["g"], active, new, m + 2,
+                                                          ar_logits, eos, config=config, gcfg=gcfg)
+        done = s["done"] | finished
 
         act = active.astype(jnp.int32)
         reached = (idx_f <= jnp.minimum(m + 1, F - 1)[:, None]) & active[:, None]  # c0 … c_{m+1} examined
@@ -256,7 +258,8 @@ def summarize(raw: dict) -> dict:
     return {"cycles": int(np.max(raw["row_cycles"])), "loop_passes": int(raw["loop_passes"]),
             "accepted_per_cycle": float(raw["accepted_sum"]) / row_cycles,
             "tokens_per_cycle": generated / row_cycles,
-            "tokens_per_forward": generated / (2 * row_cycles),
+            # decode passes = every pass but the prefill (two per cycle here; one per cycle + the bootstrap fused)
+            "tokens_per_forward": generated / max(int(np.sum(np.asarray(raw["num_forward_passes"]) - 1)), 1),
             "acceptance_by_position": (np.asarray(raw["accepted_at"]) / reached).tolist()}
 
 

@@ -1,0 +1,172 @@
+"""Fused Ψ-Spec, one forward per cycle (docs/algorithms.md §7.5): greedy identity with the AR sampler, exact
+three-token distributions, the cache and the next drafts after every cycle against full recomputes,
+and the forward count."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from zarya_jax.nn import model as model_lib
+from zarya_jax.nn import masks
+from zarya_jax.sampling import GenerationConfig, generate, pad_prompts
+from zarya_jax.sampling import fused, passes
+from zarya_jax.testing import UNO_CONFIG as CFG
+from zarya_jax.testing import uno_random_params as random_model, uno_trained_params as trained_model
+from test_spec import SMALL, _prompts  # the two-pass tests' ragged prompts and V = 8 model
+
+def test_window_layout():
+    """K = 2: the verify block [y, d1, d2] at n−1 … n+1, then block m at n+m … n+m+2 seeing y … d_m."""
+    offsets, mask = fused.window_layout(2)
+    np.testing.assert_array_equal(offsets, [-1, 0, 1, 0, 1, 2, 1, 2, 3, 2, 3, 4])
+    assert mask.shape == (12, 12) and fused.window_rows(GenerationConfig(draft_length=2)) == 12
+    assert passes.window_rows(GenerationConfig(mode="spec", drafter="self", fused=True, draft_length=4)) == 30
+    np.testing.assert_array_equal(mask[:3, :3], np.tril(np.ones((3, 3), bool)))
+    assert not mask[:3, 3:].any()  # the verify rows see no scenario row: they are the AR rows
+    for m in range(3):
+        rows = slice(3 * (m + 1), 3 * (m + 2))
+        np.testing.assert_array_equal(mask[rows, :3], np.broadcast_to(np.arange(3) <= m, (3, 3)))
+        np.testing.assert_array_equal(mask[rows, rows], np.tril(np.ones((3, 3), bool)))
+        assert mask[rows].sum() == 3 * (m + 1) + 6  # nothing else
+
+
+@pytest.mark.parametrize("model,k", [("random", 3), ("trained", 4)])
+def test_greedy_identical_to_ar(model, k):
+    """Ragged batch; on the trained model drafts are accepted, EOS falls inside a block and the budget
+    (23, not a multiple of a cycle's yield) ends inside one."""
+    params = random_model() if model == "random" else trained_model()
+    prompts = _prompts(model == "trained")
+    base = GenerationConfig(mode="ar", max_new_tokens=23, eos_token_id=None)
+    if model == "trained":
+        # EOS = row 0's fourth AR token: row 0 stops early whatever the trained model's numerics
+        eos = int(generate(params, CFG, prompts, base.replace(stop_at_eos=False), jax.random.PRNGKey(0)).tokens[0, 3])
+        base = base.replace(eos_token_id=eos)
+    ref = generate(params, CFG, prompts, base, jax.random.PRNGKey(0))
+    out = generate(params, CFG, prompts, base.replace(mode="spec", drafter="self", fused=True, draft_length=k),
+                   jax.random.PRNGKey(1))
+    np.testing.assert_array_equal(out.lengths, ref.lengths)
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+    np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-4)  # every token from a verify row
+    st = out.stats
+    assert st["fused"] and len(st["acceptance_by_position"]) == k and 0.0 <= st["accepted_per_cycle"] <= k
+    # prefill + bootstrap + one pass per cycle; a cycle yields 1 … K+1 tokens
+    cycles = out.num_forward_passes - 2
+    assert (cycles >= np.ceil(out.lengths / (k + 1))).all() and (cycles <= out.lengths).all()
+    if model == "trained":
+        # the MDM rows draft (some cycle emits a block), and row 0 stops at its EOS
+        assert out.lengths[0] <= 4 and st["accepted_per_cycle"] > 0 and (cycles < out.lengths).any()
+
+
+def test_one_forward_per_cycle(monkeypatch):
+    """The program calls the model three times: prefill, bootstrap, and once in the loop body."""
+    gc = GenerationConfig(mode="spec", drafter="self", fused=True, draft_length=2, max_new_tokens=5)
+    args = (random_model(), jnp.ones((2, 4), jnp.int32), jnp.asarray([4, 2]), jax.random.PRNGKey(0), jnp.int32(5))
+    calls = []
+    apply = model_lib.apply
+    monkeypatch.setattr(model_lib, "apply", lambda *a, **kw: calls.append(a[2].shape) or apply(*a, **kw))
+    jax.make_jaxpr(lambda *a: fused.fused_decode.__wrapped__(*a, config=CFG, gcfg=gc))(*args)  # a fresh trace
+    assert [s[1] for s in calls] == [4, 3, 12]  # prompt, [y, mask × K], (K+1)(K+2)
+    raw = fused.fused_decode(*args, config=CFG, gcfg=gc)
+    np.testing.assert_array_equal(raw["num_forward_passes"], 2 + raw["row_cycles"])
+    assert int(raw["loop_passes"]) == 2 + int(raw["row_cycles"].max())
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_cache_and_drafts_after_each_cycle_equal_a_recompute(temperature):
+    """After 1, 2, 3 cycles: the cache is the AR K/V of the committed text minus its last token y, and
+    (greedy) the next drafts are the MDM argmax of a full forward over text minus y + K+1 masks, the
+    scenario block the cycle chose."""
+    params = trained_model()
+    prompts = _prompts(True)
+    k, budget = 3, 24
+    gc = GenerationConfig(mode="spec", drafter="self", fused=True, draft_length=k, max_new_tokens=budget,
+                          temperature=temperature, stop_at_eos=False)
+    tokens, lengths = pad_prompts(prompts, gc.prompt_bucket, CFG.pad_token_id)
+    width = tokens.shape[1] + budget + k + 1
+
+    @jax.jit
+    def recompute(text, valid):
+        return model_lib.apply(params, CFG, text, window_mask=masks.causal_with_padding(valid))
+
+    for cycles in (1, 2, 3):
+        raw = jax.device_get(fused.fused_decode(params, jnp.asarray(tokens), jnp.asarray(lengths), jax.random.PRNGKey(4),
+                                                jnp.int32(cycles), config=CFG, gcfg=gc))
+        gen = raw["lengths"]
+        assert (gen < budget).all() and (raw["row_cycles"] == cycles).all()
+        total = lengths + gen
+        text = np.full((len(prompts), width), CFG.pad_token_id, np.int32)
+        for i, p in enumerate(prompts):
+            committed = p + list(raw["tokens"][i, :gen[i]])
+            text[i, :total[i] - 1] = committed[:-1]
+            text[i, total[i] - 1:total[i] + k] = CFG.mask_token_id  # e's place, then the K draft masks
+            assert raw["seed"][i] == committed[-1]
+        np.testing.assert_array_equal(raw["cache"]["length"], total - 1)
+        np.testing.assert_array_equal(raw["positions"], total)
+        valid = np.arange(width)[None] < (total + k)[:, None]
+        logits, kv = jax.device_get(recompute(jnp.asarray(text), jnp.asarray(valid)))
+        for i in range(len(prompts)):
+            n = total[i] - 1
+            np.testing.assert_allclose(raw["cache"]["k"][:, i, :n], kv[0][:, i, :n], atol=1e-5)
+            np.testing.assert_allclose(raw["cache"]["v"][:, i, :n], kv[1][:, i, :n], atol=1e-5)
+            if temperature == 0:
+                rows = logits[i, n + 1:n + 1 + k].copy()
+                rows[:, CFG.mask_token_id] = -np.inf
+                np.testing.assert_array_equal(raw["drafts"][i], rows.argmax(-1))
+
+
+@pytest.mark.parametrize("top_k", [0, 3])
+def test_first_three_tokens_joint_distribution(top_k):
+    """Histogram of the first three tokens from fused Ψ-Spec (temperature 1, K = 2) vs the AR model's
+    exact distribution, enumerated with full forwards (V = 7 sampleable ids: 343 outcomes)."""
+    params = jax.jit(model_lib.init_params, static_argnums=0)(SMALL, jax.random.PRNGKey(11))
+    params = {**params, "lm_head": params["lm_head"] * 20.0}  # a spread but non-flat p
+    prompt, v = [1, 2, 3, 4], 7  # the mask token (id 7) is never sampled
+
+    def ar_probs(logits):  # the AR sampler's distribution: mask banned, top-k, temperature 1
+        z = np.asarray(logits, np.float64)[..., :v]
+        if top_k:
+            z = np.where(z >= np.sort(z, -1)[..., -top_k:-top_k + 1], z, -np.inf)
+        e = np.exp(z - z.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+    seqs = np.asarray([prompt + [a, b] for a in range(v) for b in range(v)], np.int32)
+    probs = ar_probs(model_lib.forward(params, SMALL, jnp.asarray(seqs)))  # [v·v, 6, v]
+    p1 = probs[0, len(prompt) - 1]
+    p2 = probs[::v, len(prompt)]  # [a] → p(· | a)
+    p3 = probs[:, len(prompt) + 1].reshape(v, v, v)  # [a, b] → p(· | a, b)
+    exact = p1[:, None, None] * p2[:, :, None] * p3
+
+    n = 60_000
+    gc = GenerationConfig(mode="spec", drafter="self", fused=True, max_new_tokens=3, temperature=1.0, top_k=top_k,
+                          draft_length=2)
+    raw = fused.fused_decode(params, jnp.broadcast_to(jnp.asarray(prompt, jnp.int32), (n, len(prompt))),
+                             jnp.full((n,), len(prompt), jnp.int32), jax.random.PRNGKey(13), jnp.int32(3),
+                             config=SMALL, gcfg=gc)
+    out = np.asarray(raw["tokens"])
+    assert (np.asarray(raw["lengths"]) == 3).all() and out.max() < v
+    hist = np.bincount((out[:, 0] * v + out[:, 1]) * v + out[:, 2], minlength=v ** 3).reshape(v, v, v) / n
+    tv = 0.5 * np.abs(hist - exact).sum()
+    # sampling noise alone: E[TV] ≈ 0.5 Σ sqrt(2 p (1 − p) / (π n)); its spread is far smaller
+    noise = 0.5 * np.sqrt(2 * exact * (1 - exact) / (np.pi * n)).sum()
+    assert tv < 1.3 * noise + 0.003, (tv, noise)
+    # drafts were both accepted and rejected: the acceptance rule really ran
+    assert 0.0 < float(raw["accepted_sum"]) / n < 2.0 * 3
+
+
+def test_fused_needs_spec_with_the_self_drafter():
+    for gc in (GenerationConfig(mode="spec", drafter="lora", fused=True), GenerationConfig(mode="ar", fused=True)):
+        with pytest.raises(ValueError, match="fused=True"):
+            gc.validate(CFG)
+    with pytest.raises(ValueError, match="fused"):
+        GenerationConfig(mode="spec", drafter="self", fused=1).validate(CFG)
+
+
+def test_frontier_grid_has_fused_points_only_when_asked():
+    from zarya_jax.eval import frontier
+    plain = frontier.grid_points(frontier.FrontierConfig(draft_lengths=(2, 4)), ["spec-self", "spec-lora"], 16)
+    assert not any(k.get("fused") for _, k in plain)
+    asked = frontier.grid_points(frontier.FrontierConfig(draft_lengths=(2, 4), spec_self_fused=True),
+                                 ["spec-self", "spec-lora"], 16)
+    extra = [p for p in asked if p not in plain]
+    assert extra == [("spec-self", {"draft_length": 2, "fused": True}), ("spec-self", {"draft_length": 4, "fused": True})]
+    assert frontier.describe(*extra[0]) == "K=2 fused"
+    GenerationConfig(mode="spec", drafter="self", **extra[0][1]).validate(CFG)
