@@ -28,10 +28,12 @@ def zarya_config() -> ZaryaConfig:
     return ZaryaConfig()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def compile_cache(tmp_path_factory):
     """Session-wide persistent compile cache, so tests (and their subprocesses) that compile the same
-    step share one compile; the settings are restored after the module."""
+    step share one compile. It is on only for the test that asks for it (settings restored after it):
+    a test that does not need it never serialises an executable, which XLA's CPU client has been seen
+    to crash on (a rare segmentation fault inside `executable.serialize()`)."""
     path = tmp_path_factory.getbasetemp() / "jax_compile_cache"
     path.mkdir(exist_ok=True)
     names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
