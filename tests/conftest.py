@@ -6,6 +6,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import jax
 import pytest
+from jax._src import compilation_cache
 
 from zarya_jax.config import ModelConfig, ZaryaConfig
 from zarya_jax.model import init_params
@@ -44,6 +45,9 @@ def compile_cache(tmp_path_factory):
     yield str(path)
     for k, v in old.items():
         jax.config.update(k, v)
+    # The cache object JAX built stays live after the directory setting is restored: drop it, so later
+    # tests compile without writing to it.
+    compilation_cache.reset_cache()
 
 
 @pytest.fixture(scope="session")
