@@ -110,7 +110,7 @@ def _run(args) -> int:
 
 
 # What the pipeline writes into --workdir besides train/ (which --ckpt, e.g. WORKDIR/train/final, skips).
-WRITES = ("data", "eval", "drafter", "calibration", "report.json", "report.md", "report.png")
+WRITES = ("data", "eval", "drafter", "drafter_data", "calibration", "report.json", "report.md", "report.png")
 
 
 def _locked_run(args, config) -> int:

@@ -66,10 +66,10 @@ def main(argv=None) -> int:
 def _run(args) -> int:
     spec = load_spec(args.spec)
     extra = cli.set_overrides(args, {"train.verify_checkpoints": False} if args.no_verify else {})
-    if args.dry_run:
-        print("\n".join(engine.dry_run(spec, extra, args.host_index, args.num_hosts)))
-        return 0
     workdir = args.workdir or os.path.join("runs", "sweeps", spec["name"])
+    if args.dry_run:
+        print("\n".join(engine.dry_run(spec, extra, args.host_index, args.num_hosts, workdir)))
+        return 0
     cli.check_workdir(workdir, {"sweep file": args.spec},
                       ("sweep.json", "results.csv", "results.md", "results.png") + tuple(n for n, _ in engine.expand(spec)))
     with workdir_lock(workdir, "experiments.sweep", name=host_lock_name(args.host_index, args.num_hosts)):

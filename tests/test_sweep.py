@@ -10,6 +10,7 @@ import yaml
 from experiments import sweep
 from zarya_jax import checkpoint
 from zarya_jax.eval import tasks
+from zarya_jax.experiment import SMOKE
 
 
 def _dry_run(tmp_path, capsys, spec: dict, *flags) -> tuple[int, list[str], str]:
@@ -120,3 +121,41 @@ def test_sweep_resumes_after_a_failed_run(tmp_path, tiny_config, tiny_params, ca
         assert record["metrics"]["modes"][0]["accuracy"] == acc
     assert os.path.getsize(os.path.join(workdir, "results.png")) > 0
     assert "| first |" in open(os.path.join(workdir, "results.md")).read()
+
+
+def test_uno_sweep_smoke_one_frozen_base(tmp_path, capsys):
+    """The shipped Uno sweep's shape at smoke size: the first run trains the AR base, the next trains a
+    drafter on shifted data (another difficulty) on that same checkpoint through `{sweep}` and is
+    evaluated on the base's own test split; the shipped file itself parses, with every run but the base
+    and the fine-tuned base reading the base checkpoint."""
+    path = os.path.join(os.path.dirname(sweep.__file__), "sweeps", "uno_ablations.yaml")
+    workdir = str(tmp_path / "uno")
+    assert sweep.main([path, "--dry-run", "--workdir", workdir]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    base_ckpt = os.path.join(os.path.abspath(workdir), "base", "train", "final")
+    assert lines[0].startswith("base:") and all(f"'eval.ckpt': '{base_ckpt}'" in line for line in lines[1:-1])
+    assert lines[-1].startswith("shifted-finetuned-base:") and f"'train.init_from': '{base_ckpt}'" in lines[-1]
+    smoke = {k: v for k, v in SMOKE.items() if not k.startswith(("eval.knobs", "frontier"))}
+    spec = {"name": "uno-smoke",
+            "base": {**smoke, "train.objective": "ar", "eval.ckpt": "{sweep}/base/train/final",
+                     "eval.modes": ["ar", "spec-lora"], "eval.batch1_examples": 0, "frontier.enabled": False,
+                     "eval.knobs.spec-lora.draft_length": 4},
+            "runs": [{"name": "base", "eval.ckpt": ""}, {"name": "shifted", "drafter.task_difficulty": 2}]}
+    spec_path = tmp_path / "uno.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    assert sweep.main([str(spec_path), "--workdir", workdir]) == 0
+    shifted = os.path.join(workdir, "shifted")
+    assert not os.path.exists(os.path.join(shifted, "train"))          # the frozen base, not a new one
+    report = json.load(open(os.path.join(shifted, "report.json")))
+    assert report["checkpoint"] == base_ckpt
+    drafter_train = tasks.read_jsonl(os.path.join(shifted, "drafter_data", "train.jsonl"))
+    test = tasks.read_jsonl(os.path.join(shifted, "data", "test.jsonl"))
+    assert len(drafter_train) == SMOKE["task.num_train"] and drafter_train != tasks.read_jsonl(
+        os.path.join(shifted, "data", "train.jsonl"))
+    assert not {r["prompt"] for r in drafter_train} & {r["prompt"] for r in test}
+    assert json.load(open(os.path.join(shifted, "drafter", "run_config.json")))["data"]["train"] == [
+        os.path.join(shifted, "drafter_data", "train.jsonl")]
+    rows = list(csv.DictReader(open(os.path.join(workdir, "results.csv"))))
+    assert [r["run"] for r in rows] == ["base", "shifted"]
+    assert all(float(r["spec-lora/accepted_per_cycle"]) >= 1.0 for r in rows)
+    assert len(json.loads(rows[1]["spec-lora/acceptance_by_position"])) == 4

@@ -54,9 +54,13 @@ class TaskSection:
 @dataclasses.dataclass(frozen=True)
 class DrafterSection:
     """Uno's LoRA drafter, trained on the frozen checkpoint only when `eval.modes` has spec-lora (docs/algorithms.md §7):
-    its adapter (`rank`, `alpha`), its optimizer (`lr`, `warmup_steps`) and its run (`steps`,
-    `batch_size`, the block curriculum `block_sizes`). The rest of its run comes from the experiment's
-    own sections (data, mesh, train) and the tokenizer and prompt format from the base checkpoint."""
+    its adapter (`rank`, `alpha`, the `noise` convention of its draft rows), its objective (the block
+    curriculum `block_sizes`, the loss weights `tv_weight`, `ce_weight`, `kl_weight`), its optimizer (`lr`,
+    `warmup_steps`) and its run (`steps`, `batch_size`). The rest of its run comes from the experiment's
+    own sections (data, mesh, train) and the tokenizer and prompt format from the base checkpoint.
+    `task_difficulty` (0: the task's) and `task_seed` (-1: the task's) train it on shifted data instead:
+    the embedded task at another difficulty or seed (the held-out splits' prompts excluded), while it is
+    still evaluated on the experiment's own test split."""
 
     steps: int = 300
     rank: int = 16
@@ -65,18 +69,33 @@ class DrafterSection:
     warmup_steps: int = 20
     batch_size: int = 16
     block_sizes: tuple[int, ...] = (2, 4, 8)
+    noise: str = "uniform"
+    tv_weight: float = 1.0
+    ce_weight: float = 0.0
+    kl_weight: float = 0.0
+    task_difficulty: int = 0
+    task_seed: int = -1
 
     def __post_init__(self):
         for name in ("steps", "batch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"drafter.{name}={getattr(self, name)}: expected ≥ 1")
+        if self.task_difficulty:
+            tasks.task_config(self.task_difficulty)
+        if self.task_seed < -1:
+            raise ConfigError(f"drafter.task_seed={self.task_seed}: expected a seed ≥ 0, or -1 (the task's own)")
+
+    def shifted(self) -> bool:
+        """Whether the drafter trains on other data than the base (another difficulty or task seed)."""
+        return bool(self.task_difficulty) or self.task_seed >= 0
         self.lora_config(), self.objective_config()  # their own checks, now rather than after training
 
     def lora_config(self) -> LoraConfig:
-        return LoraConfig(rank=self.rank, alpha=self.alpha)
+        return LoraConfig(rank=self.rank, alpha=self.alpha, noise=self.noise)
 
     def objective_config(self) -> DrafterConfig:
-        return DrafterConfig(block_sizes=self.block_sizes)
+        return DrafterConfig(block_sizes=self.block_sizes, tv_weight=self.tv_weight, ce_weight=self.ce_weight,
+                             kl_weight=self.kl_weight)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +123,9 @@ class ExperimentConfig(RunConfig):
     goals: GoalsSection = GoalsSection()
 
     def __post_init__(self):
+        if self.drafter.shifted() and self.task.train_file:
+            raise ConfigError("drafter.task_difficulty / drafter.task_seed shift the embedded task's data, but "
+                              f"the experiment trains on task.train_file={self.task.train_file!r}")
         if self.frontier.enabled and not (self.task.num_val or self.task.val_file):
             raise ConfigError("the frontier chooses decoding knobs on a validation split: set task.num_val ≥ 1 (or "
                               "task.val_file), or frontier.enabled=false to use eval.knobs")

@@ -1,6 +1,8 @@
 """Plots (matplotlib, headless): accuracy vs tokens per forward, the training loss curve, sweep results."""
 from __future__ import annotations
 
+import json
+
 import matplotlib
 
 matplotlib.use("Agg")  # no display on servers and CI
@@ -58,8 +60,12 @@ def frontier_plot(points: list[dict], chosen: list[dict], loss_curve: list[tuple
 
 
 def sweep_plot(rows: list[dict], path: str, title: str = "") -> None:
-    """Accuracy vs tokens per forward, one point per (run, decoding mode) of a sweep."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    """Accuracy vs tokens per forward, one point per (run, decoding mode) of a sweep; when runs decoded
+    speculatively, a second panel: acceptance by draft position, one line per (run, speculative mode)."""
+    curves = [(f"{row['run']} [{k.split('/')[0]}]", json.loads(v)) for row in rows for k, v in row.items()
+              if k.endswith("/acceptance_by_position") and v]
+    fig, axes = plt.subplots(1, 2 if curves else 1, figsize=(13 if curves else 7, 4.5), squeeze=False)
+    ax = axes[0, 0]
     for row in rows:
         modes = sorted({k.split("/")[0] for k in row if k.endswith("/accuracy")})
         for mode in modes:
@@ -73,4 +79,13 @@ def sweep_plot(rows: list[dict], path: str, title: str = "") -> None:
     ax.set_ylabel("exact match (%)")
     ax.set_title(title or "sweep")
     ax.grid(alpha=0.3)
+    if curves:
+        ax = axes[0, 1]
+        for label, by_position in curves:  # position 0 (c0, the AR row's own draw) is always accepted
+            ax.plot(range(1, len(by_position)), [100 * x for x in by_position[1:]], marker="o", ms=3, label=label)
+        ax.set_xlabel("draft position j")
+        ax.set_ylabel("P(c_j accepted | reached) (%)")
+        ax.set_title("acceptance by draft position")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
     _save(fig, path)

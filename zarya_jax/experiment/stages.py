@@ -128,6 +128,22 @@ def drafter_config(config: ExperimentConfig, base: Inference, train_file: str) -
         lora=d.lora_config(), drafter=d.objective_config())
 
 
+def drafter_data(config: ExperimentConfig, splits: Splits, workdir: str) -> str:
+    """The drafter's training file: the experiment's own, or with `drafter.task_difficulty` / `task_seed`
+    the embedded task's shifted problems (written to `workdir/drafter_data/train.jsonl`, the held-out
+    prompts excluded)."""
+    d, t = config.drafter, config.task
+    if not d.shifted():
+        return splits.train
+    held = {r["prompt"] for path in (splits.test, splits.val) if path for r in tasks.read_jsonl(path)}
+    records = tasks.generate(t.num_train, d.task_seed if d.task_seed >= 0 else t.seed,
+                             d.task_difficulty or t.difficulty, exclude=held)
+    path = os.path.join(workdir, "drafter_data", "train.jsonl")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tasks.write_jsonl(path, records)
+    return path
+
+
 def train_drafter(config: ExperimentConfig, base: Inference, train_file: str, workdir: str, *,
                   force: bool = False) -> Inference:
     """Trains Uno's gated-LoRA drafter on the frozen checkpoint (docs/algorithms.md §7) into `workdir/drafter`; returns

@@ -109,6 +109,23 @@ def expand(spec: dict) -> list[tuple[str, dict]]:
     return out
 
 
+SWEEP_DIR = "{sweep}"
+
+
+def in_workdir(runs: list[tuple[str, dict]], workdir: str) -> list[tuple[str, dict]]:
+    """`{sweep}` in a string value (or in a list's strings) replaced by the sweep's workdir (absolute), so one
+    run can read what an earlier run wrote, e.g. `eval.ckpt: "{sweep}/base/train/final"` (the runs run in
+    file order on one host; with several hosts, run the producing run first)."""
+    root = os.path.abspath(workdir)
+
+    def sub(v):
+        if isinstance(v, str):
+            return v.replace(SWEEP_DIR, root)
+        return [sub(x) for x in v] if isinstance(v, list) else v
+
+    return [(name, {k: sub(v) for k, v in items.items()}) for name, items in runs]
+
+
 def configs(runs: list[tuple[str, dict]], extra: dict | None = None, group: str = "") -> dict[str, ExperimentConfig]:
     """Every run's config: the pipeline defaults with the run's overrides (then `extra`) applied; a typo
     or a badly typed value is a `ConfigError` naming the key, before anything runs. Unless set, the
@@ -154,7 +171,7 @@ def run_sweep(spec: dict, workdir: str, run_fn=None, host_index: int = 0, num_ho
     whose config changed is refused (SweepError, before anything runs) unless `force` reruns it.
     """
     run_fn = run_fn or functools.partial(_run_metrics, force=force)
-    runs = expand(spec)
+    runs = in_workdir(expand(spec), workdir)
     # Validate every run's overrides before any compute, so a typo fails the sweep up front.
     run_configs = configs(runs, extra_overrides, spec.get("name", ""))
     mine = my_share(runs, host_index, num_hosts)
@@ -201,8 +218,11 @@ def _flatten_metrics(metrics: dict) -> dict:
         if k in ("step", "loss", "wall_s", "tokens_per_s"):
             row[f"train_{k}"] = v
     for r in metrics.get("modes", []):
-        for k in ("accuracy", "tokens_per_forward", "tokens_per_s", "speedup_vs_ar"):
-            row[f"{r['mode']}/{k}"] = r.get(k)
+        for k in ("accuracy", "tokens_per_forward", "tokens_per_s", "speedup_vs_ar", "accepted_per_cycle"):
+            if k in r:
+                row[f"{r['mode']}/{k}"] = r[k]
+        if r.get("acceptance_by_position") is not None:
+            row[f"{r['mode']}/acceptance_by_position"] = json.dumps([round(x, 3) for x in r["acceptance_by_position"]])
     return row
 
 
@@ -259,10 +279,11 @@ def write_tables(rows: list[dict], workdir: str, title: str) -> list[str]:
     return written
 
 
-def dry_run(spec: dict, extra: dict | None = None, host_index: int = 0, num_hosts: int = 1) -> list[str]:
+def dry_run(spec: dict, extra: dict | None = None, host_index: int = 0, num_hosts: int = 1,
+            workdir: str = "runs/sweep") -> list[str]:
     """Every run's config built and checked, nothing run: one line per run of this host's share, with
     its overrides as the typed config holds them."""
-    runs = expand(spec)
+    runs = in_workdir(expand(spec), workdir)
     run_configs = configs(runs, extra)
     return [f"{name}: { {k: overrides.get(run_configs[name], k) for k in {**items, **(extra or {})}} }"
             for name, items in my_share(runs, host_index, num_hosts)]
