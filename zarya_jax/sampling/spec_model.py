@@ -164,12 +164,10 @@ def spec_model_decode(params, draft_params, prompts: Array, lengths: Array, key:
             "draft_cache": s["dcache"], "seed": s["seed"], "positions": s["n"]}
 
 
-def check_draft_model(config: ModelConfig, gcfg: GenerationConfig, draft_params, draft_config) -> None:
-    """The draft model at the edge: given, of its own config, reading the base's ids, with the positions
-    the decode needs. Raises ConfigError (a ValueError) naming the problem."""
-    if draft_params is None or draft_config is None:
-        raise ConfigError("drafter='model' needs the draft model: pass draft_params and its draft_config "
-                          "(a ModelConfig) to generate()")
+def check_compatible(config: ModelConfig, draft_config) -> None:
+    """A draft model's config against the base's: a `ModelConfig` reading and writing the base's ids (same
+    vocabulary and special ids) and reaching every position the base does. Raises ConfigError (a
+    ValueError) naming the field."""
     if not isinstance(draft_config, ModelConfig):
         raise ConfigError(f"draft_config: expected a ModelConfig, got {type(draft_config).__name__}")
     for name in SHARED_IDS:
@@ -180,6 +178,15 @@ def check_draft_model(config: ModelConfig, gcfg: GenerationConfig, draft_params,
     if draft_config.max_position_embeddings < config.max_position_embeddings:
         raise ConfigError(f"draft model max_position_embeddings={draft_config.max_position_embeddings} < the base's "
                           f"{config.max_position_embeddings}: it must reach every position the base decodes")
+
+
+def check_draft_model(config: ModelConfig, gcfg: GenerationConfig, draft_params, draft_config) -> None:
+    """The decoder's check: the draft model given, compatible (`check_compatible`) and its params of its
+    config. Raises a ValueError naming the problem."""
+    if draft_params is None or draft_config is None:
+        raise ConfigError("drafter='model' needs the draft model: pass draft_params and its draft_config "
+                          "(a ModelConfig) to generate()")
+    check_compatible(config, draft_config)
     hf_params.check_params(draft_params, draft_config)
 
 
