@@ -15,7 +15,7 @@ from zarya_jax.sampling import GenerationConfig, generate, pad_prompts, spec
 from zarya_jax.testing import UNO_CONFIG as CFG, UNO_LORA as LORA, synthetic_tokens
 from zarya_jax.testing import uno_adapters as adapters, uno_random_params as random_model
 from zarya_jax.testing import uno_trained_params as trained_model
-from zarya_jax.testing import SPEC_SMALL, sharp_params, two_token_distribution, two_token_tv
+from zarya_jax.testing import SPEC_SMALL, ragged_prompts, sharp_params, two_token_distribution, two_token_tv
 
 
 # ------------------------------------------------------------------ accept / residual
@@ -58,15 +58,7 @@ def test_accept_residual_reproduces_p(greedy):
 
 
 # ------------------------------------------------------------------ greedy identity with the AR sampler
-PROMPT_LENGTHS = (9, 3, 14, 1, 6)
-
-
-def _prompts(trained: bool):
-    rng = np.random.default_rng(7)
-    if trained:
-        rows = synthetic_tokens(rng, len(PROMPT_LENGTHS), max(PROMPT_LENGTHS))
-        return [list(map(int, r[:n])) for r, n in zip(rows, PROMPT_LENGTHS)]
-    return [list(map(int, rng.integers(0, 256, n))) for n in PROMPT_LENGTHS]
+_prompts = ragged_prompts
 
 
 CASES = [  # (model, drafter, F, adapter)

@@ -10,21 +10,13 @@ from zarya_jax import model as model_lib
 from zarya_jax.nn import masks
 from zarya_jax.sampling import GenerationConfig, generate, pad_prompts, spec_model
 from zarya_jax.sampling.primitives import token_logprob
-from zarya_jax.testing import SPEC_SMALL, UNO_CONFIG as CFG, sharp_params, synthetic_tokens
+from zarya_jax.testing import SPEC_SMALL, UNO_CONFIG as CFG, ragged_prompts, sharp_params
 from zarya_jax.testing import two_token_distribution, two_token_tv
 from zarya_jax.testing import uno_random_params as random_model, uno_trained_params as trained_model
 
 # a draft model a quarter of the base's width, reading the same ids
 DRAFT_CFG = CFG.replace(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16)
-PROMPT_LENGTHS = (9, 3, 14, 1, 6)
-
-
-def _prompts(trained: bool):
-    rng = np.random.default_rng(7)
-    if trained:
-        rows = synthetic_tokens(rng, len(PROMPT_LENGTHS), max(PROMPT_LENGTHS))
-        return [list(map(int, r[:n])) for r, n in zip(rows, PROMPT_LENGTHS)]
-    return [list(map(int, rng.integers(0, 256, n))) for n in PROMPT_LENGTHS]
+_prompts = ragged_prompts
 
 
 def _perturbed(params, scale: float, seed: int):

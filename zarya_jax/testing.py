@@ -11,7 +11,7 @@ models with their weights copied into our params.
 - `UNO_CONFIG` (`TINY` with an untied head), `UNO_LORA`, `UNO_DRAFTER` and, built once per process,
   `uno_random_params()`, `uno_trained_params()` (briefly trained with AR + MDM losses, so the AR model is
   predictable and its MDM pass can self-draft) and `uno_adapters()` (an untrained adapter and one
-  trained a little with the TV loss): the models of the Uno tests.
+  trained a little with the TV loss): the models of the Uno tests; `ragged_prompts` their prompts.
 - `SPEC_SMALL`, `sharp_params`, `two_token_distribution`, `two_token_tv`: the exact-distribution
   check of the speculative samplers (an 8-token model whose first two sampled tokens' exact joint
   distribution is enumerated with full forwards, against a histogram of sampled pairs).
@@ -152,6 +152,19 @@ def uno_adapters():
 
 
 # ------------------------------------------------------------------ random Hugging Face models
+RAGGED_LENGTHS = (9, 3, 14, 1, 6)
+
+
+def ragged_prompts(trained: bool, lengths=RAGGED_LENGTHS) -> list[list[int]]:
+    """Prompts of ragged `lengths` (one of a single token): synthetic letter text (what the trained Uno
+    model predicts) or random byte ids."""
+    rng = np.random.default_rng(7)
+    if trained:
+        rows = synthetic_tokens(rng, len(lengths), max(lengths))
+        return [list(map(int, r[:n])) for r, n in zip(rows, lengths)]
+    return [list(map(int, rng.integers(0, 256, n))) for n in lengths]
+
+
 # ------------------------------------------------------------------ exact sampling distributions
 SPEC_SMALL = ModelConfig(vocab_size=8, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
                          num_kv_heads=1, head_dim=16, max_position_embeddings=64, mask_token_id=7, eos_token_id=None,

@@ -99,10 +99,10 @@ def spec_model_decode(params, draft_params, prompts: Array, lengths: Array, key:
     'draft_forwards' [b], 'loop_passes', 'row_cycles' [b], 'accepted_sum', 'accepted_at' [F],
     'reached_at' [F], 'cache', 'draft_cache', 'seed' [b], 'positions' [b]}.
     """
-    F, G = gcfg.draft_length, gcfg.max_new_tokens
+    F = gcfg.draft_length
     b, P = prompts.shape
     greedy = gcfg.temperature == 0
-    eos, pad = decoding.special_ids(config, gcfg)
+    eos, _ = decoding.special_ids(config, gcfg)
     prompts = prompts.astype(jnp.int32)
     lengths = lengths.astype(jnp.int32)
     dist, draw = spec.target(config, gcfg)
@@ -113,14 +113,7 @@ def spec_model_decode(params, draft_params, prompts: Array, lengths: Array, key:
     idx_v = jnp.arange(F + 1, dtype=jnp.int32)[None, :]
 
     state = dict(cache=cache, dcache=dcache, prev=jnp.zeros((b,), jnp.int32), seed=seed, n=lengths,
-                 out=jnp.full((b, G), pad, jnp.int32), logprobs=jnp.zeros((b, G), jnp.float32),
-                 g=jnp.zeros((b,), jnp.int32), done=jnp.zeros((b,), bool), cycle=jnp.int32(0),
-                 row_cycles=jnp.zeros((b,), jnp.int32), accepted_sum=jnp.int32(0),
-                 accepted_at=jnp.zeros((F,), jnp.int32), reached_at=jnp.zeros((F,), jnp.int32),
-                 presence=decoding.initial_presence(prompts, lengths, config.vocab_size, gcfg))
-
-    def cond(s):
-        return jnp.any(~s["done"]) & (s["cycle"] < jnp.minimum(max_cycles, G))
+                 **spec.loop_state(prompts, lengths, config, gcfg, F))
 
     def body(s):
         k_draft, k_acc = jax.random.split(jax.random.fold_in(key, s["cycle"]))
@@ -156,7 +149,7 @@ def spec_model_decode(params, draft_params, prompts: Array, lengths: Array, key:
                     reached_at=s["reached_at"] + reached.sum(0).astype(jnp.int32),
                     presence=decoding.add_presence(s["presence"], new, write))
 
-    s = jax.lax.while_loop(cond, body, state)
+    s = jax.lax.while_loop(spec.running(max_cycles, gcfg), body, state)
     return {"tokens": s["out"], "lengths": s["g"], "logprobs": s["logprobs"],
             "num_forward_passes": 1 + s["row_cycles"], "draft_forwards": 1 + F * s["row_cycles"],
             "loop_passes": 1 + s["cycle"], "row_cycles": s["row_cycles"], "accepted_sum": s["accepted_sum"],
