@@ -83,14 +83,15 @@ class DrafterSection:
 class DraftModelSection:
     """The independent draft model of `spec-model` (docs/algorithms.md §7.6), trained for the frozen checkpoint only
     when `eval.modes` has spec-model: its loss (`ntp`: next-token loss on the data; `tv`: distilled from
-    the base, + `ce_weight` × cross-entropy), its run (`steps`, `lr`, `warmup_steps`, `batch_size`) and
+    the base, + `ce_weight` × cross-entropy: 1 by default, as TV alone stalls from a random init, see
+    docs/uno.md), its run (`steps`, `lr`, `warmup_steps`, `batch_size`) and
     its size: explicit (`hidden_size` > 0, with `intermediate_size`, `num_layers`, `num_heads`,
     `num_kv_heads`, the base's head_dim; embeddings tied), or `params_ratio` × the parameters of the
     experiment's LoRA drafter (`drafter.rank` on the base; `train.draft_model.sized_to`: the largest model
     of the base's shape family within that budget, every parameter counted, the tied embedding once)."""
 
     loss: str = "tv"
-    ce_weight: float = 0.0
+    ce_weight: float = 1.0
     steps: int = 300
     lr: float = 3e-3
     warmup_steps: int = 20
