@@ -1,7 +1,7 @@
 """The main job: train a tiny Zarya on the embedded arithmetic task, then compare every decoding mode.
 
     python -m experiments.quickstart                       # 2500 steps: about 10 minutes on 2 CPU cores
-    python -m experiments.quickstart --objective ar        # the AR-only baseline, same model and budget
+    python -m experiments.quickstart --objective ar        # Uno's setting: a plain AR model + its LoRA drafter
     python -m experiments.quickstart --steps 6000          # a longer run
     python -m experiments.quickstart --minutes 20          # pick the step count for a time budget
     python -m experiments.quickstart --ckpt runs/quickstart/train/final   # evaluate an existing checkpoint
@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--minutes", type=float, default=None,
                    help="training time budget: measure this machine's step time, then choose --steps")
     p.add_argument("--ckpt", default=None, help="evaluate this checkpoint; skip training")
-    p.add_argument("--modes", default=None, help=f"decoding modes (default {','.join(experiment.DEFAULT_MODES)})")
+    p.add_argument("--modes", default=None, help=f"decoding modes (default {','.join(experiment.DEFAULT_MODES)}; with "
+                   f"--objective ar {','.join(experiment.UNO_MODES)})")
     p.add_argument("--difficulty", type=int, default=None, choices=sorted(tasks.DIFFICULTY))
     p.add_argument("--smoke", action="store_true", help="a seconds-long run of the whole pipeline (tests)")
     cli.add_set_flag(p, "eval.knobs.slotted.slot_size=8")
@@ -76,6 +77,8 @@ def config_from_args(args) -> experiment.ExperimentConfig:
         flags["task.difficulty"] = args.difficulty
     if args.objective:
         flags["train.objective"] = args.objective
+        if args.objective == "ar":  # Uno's setting: the frozen AR model and its LoRA drafter
+            flags["eval.modes"] = list(experiment.UNO_MODES)
     if args.modes:
         flags["eval.modes"] = parse_modes(args.modes)
     if args.ckpt:

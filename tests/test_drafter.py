@@ -94,7 +94,10 @@ def test_paired_rows_match_inference_and_loss_matches_numpy():
 
     @jax.jit
     def run(lp):
-        pair = drafter_lib.make_pair_batch(jax.random.PRNGKey(3), batch, s, CFG, LORA)
+        # block 1's noise replays what the Ψ-Spec draft pass below draws from its key
+        z = spec.noise_tokens(jax.random.PRNGKey(0), (1, s), CFG.vocab_size, CFG.mask_token_id, LORA.noise)
+        noise = jnp.zeros((1, n), jnp.int32).at[:, s:2 * s].set(z)
+        pair = drafter_lib.make_pair_batch(jax.random.PRNGKey(3), batch, s, CFG, LORA, noise=noise)
         logits, _ = model_lib.apply(params, CFG, pair["tokens"], pair["positions"], window_mask=pair["mask"],
                                     gate=pair["gate"], lora_params=lp, lora=LORA)
         loss, metrics = drafter_lib.drafter_loss(lp, params, CFG, LORA, pair, dcfg)
@@ -102,19 +105,17 @@ def test_paired_rows_match_inference_and_loss_matches_numpy():
         # the draft pass of block 1 (seed at position 4) against a cache holding positions 0..3
         _, kv = model_lib.apply(params, CFG, tokens[:, :s])
         cache = kv_cache.commit(kv_cache.init(CFG, 1, 16), kv, jnp.ones((1, s), bool))
-        noisy = pair["tokens"][:, s:2 * s]
-        draft, _ = model_lib.apply(params, CFG, noisy, jnp.arange(s, 2 * s)[None], cache=cache,
-                                   gate=jnp.arange(s)[None] > 0, lora_params=lp, lora=LORA)
-        seed_row, _ = spec.draft_pass(params, lp, cache, tokens[:, s], jnp.full((1,), s + 1), jax.random.PRNGKey(0),
-                                      config=CFG, draft_length=s, drafter="lora", lora=LORA)
-        return logits, loss, metrics, ar, draft, seed_row, pair
+        draft, _ = spec.draft_pass(params, lp, cache, tokens[:, s], jnp.full((1,), s + 1), jax.random.PRNGKey(0),
+                                   config=CFG, draft_length=s, drafter="lora", lora=LORA)
+        return logits, loss, metrics, ar, draft, pair
 
-    logits, loss, metrics, ar, draft, seed_row, pair = jax.device_get(run(lora_params))
+    logits, loss, metrics, ar, draft, pair = jax.device_get(run(lora_params))
     np.testing.assert_allclose(logits[0, n:], ar[0], atol=2e-5)
     seed = np.arange(n) % s == 0
     np.testing.assert_allclose(logits[0, :n][seed], ar[0][seed], atol=2e-5)
+    # the training block is the inference draft window: same tokens in, same logits out, every row
     np.testing.assert_allclose(logits[0, s:2 * s], draft[0], atol=2e-5)
-    np.testing.assert_allclose(seed_row[0, 0], ar[0, s], atol=2e-5)
+    np.testing.assert_allclose(draft[0, 0], ar[0, s], atol=2e-5)
 
     def softmax(x):
         x = np.asarray(x, np.float64).copy()
@@ -132,6 +133,43 @@ def test_paired_rows_match_inference_and_loss_matches_numpy():
         kl = np.nansum(np.where(q > 0, q * (np.log(q) - np.log(p)), 0.0), -1)[rows].mean()
     np.testing.assert_allclose([metrics["tv"], metrics["ce"], metrics["kl"]], [tv, ce, kl], rtol=2e-4, atol=1e-5)
     np.testing.assert_allclose(loss, tv + 0.5 * ce + 0.25 * kl, rtol=2e-4)
+
+
+def test_agreement_counts_match_draft_passes():
+    """Teacher-forced agreement by draft position (every block alignment) = a Ψ-Spec draft pass from
+    every seed position against a cache of the text before it, compared with the AR argmax. Mask
+    noise makes the drafts deterministic, so both sides see the same tokens."""
+    params = trained_model()
+    _, lora_params, _ = adapters()
+    lora = dataclasses.replace(LORA, noise="mask")
+    s, n = 4, 12
+    tokens = jnp.asarray(97 + (np.arange(n) * 3) % 26, jnp.int32)[None]
+    answer = np.arange(n) >= 3
+    batch = {"tokens": tokens, "segment_ids": jnp.ones((1, n), jnp.int32),
+             "positions": jnp.arange(n, dtype=jnp.int32)[None], "answer_mask": jnp.asarray(answer)[None]}
+    agree, count = drafter_lib.agreement_counts(params, lora_params, batch, jax.random.PRNGKey(1), config=CFG,
+                                                lora=lora, block_size=s)
+
+    def best(x):
+        return int(np.argmax(np.where(np.arange(x.shape[-1]) == CFG.mask_token_id, -np.inf, x)))
+
+    ar = np.asarray(model_lib.forward(params, CFG, tokens))[0]
+    ref_agree, ref_count = np.zeros(s, int), np.zeros(s, int)
+    for t in range(n):  # seed at position t, committed text tokens[:t]
+        cache = kv_cache.init(CFG, 1, 32)
+        if t:
+            _, kv = model_lib.apply(params, CFG, tokens[:, :t])
+            cache = kv_cache.commit(cache, kv, jnp.ones((1, t), bool))
+        draft, _ = spec.draft_pass(params, lora_params, cache, tokens[:, t], jnp.full((1,), t + 1),
+                                   jax.random.PRNGKey(0), config=CFG, draft_length=s, drafter="lora", lora=lora)
+        draft = np.asarray(draft)[0]
+        for j in range(1, s):  # draft c_j predicts token t+j+1 from row t+j
+            if t + j + 1 < n and answer[t + j + 1]:
+                ref_count[j] += 1
+                ref_agree[j] += best(draft[j]) == best(ar[t + j])
+    np.testing.assert_array_equal(np.asarray(count), ref_count)
+    np.testing.assert_array_equal(np.asarray(agree), ref_agree)
+    assert ref_count[1:].min() > 0  # every draft position was compared
 
 
 def test_training_lowers_heldout_tv():

@@ -21,6 +21,12 @@ row: at slot size 1 the MDM column above is exactly that query on a clean prefix
 so `analyse` always scores slot size 1; and `split_first_errors` counts mode A's first errors by the
 phase that decoded the token (predictions carry `diffusion_offsets`, from `evaluate`).
 
+`drafter_agreement(model, examples, draft_length)` scores Uno's LoRA drafter the same way: per draft
+position j, how often its teacher-forced draft (the training layout, which is the inference draft
+window, `objectives.drafter.agreement_counts`) is the AR argmax, next to the acceptance measured at
+decode time (`stats["acceptance_by_position"]`): a drafter that agrees teacher-forced but is rejected
+at decode time drafts from a layout it was not trained on; one that does not agree is undertrained.
+
 `analyse(...)` does all of it for an evaluation (`evaluate`'s summary and predictions) and `markdown`
 renders it: the quickstart report's diagnostics section and `python -m experiments.evaluate --diagnose`.
 """
@@ -37,6 +43,7 @@ import numpy as np
 from ..inference import Inference
 from ..data import render
 from ..nn import model as model_lib
+from ..objectives.drafter import agreement_counts
 from .evaluate import MODE_LABELS
 
 
@@ -182,6 +189,36 @@ def explain_ar(accuracy: float, errors: dict, heads: dict) -> str:
             f"reference's tokens teacher-forced.")
 
 
+def drafter_agreement(model: Inference, examples: Sequence[tuple[Sequence[int], Sequence[int]]], draft_length: int,
+                      batch_size: int = 32, seed: int = 0) -> list[float | None]:
+    """Teacher-forced agreement of `model.adapter` with the AR argmax at each draft position 0 … F−1 over
+    the answers of `examples` ((prompt ids, answer ids incl. EOS) pairs); position 0 (the seed, exact) is
+    None, as is a position no answer token reached."""
+    length = max(len(p) + len(a) for p, a in examples)
+    pad = model.config.pad_token_id or 0
+    agree = np.zeros(draft_length, np.int64)
+    count = np.zeros(draft_length, np.int64)
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start:start + batch_size]
+        chunk = chunk + [chunk[-1]] * (batch_size - len(chunk))  # one compiled shape; repeats are not counted
+        real = np.arange(batch_size) < len(examples) - start
+        tokens = np.full((batch_size, length), pad, np.int32)
+        seg = np.zeros((batch_size, length), np.int32)
+        answer = np.zeros((batch_size, length), bool)
+        for i, (p, a) in enumerate(chunk):
+            n = len(p) + len(a)
+            tokens[i, :n] = list(p) + list(a)
+            seg[i, :n] = int(real[i])
+            answer[i, len(p):n] = True
+        batch = {"tokens": jnp.asarray(tokens), "segment_ids": jnp.asarray(seg), "answer_mask": jnp.asarray(answer),
+                 "positions": jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch_size, length))}
+        a, c = agreement_counts(model.params, model.adapter, batch, jax.random.PRNGKey(seed + start),
+                                config=model.config, lora=model.lora, block_size=draft_length)
+        agree += np.asarray(a)
+        count += np.asarray(c)
+    return [None] + [float(x / n) if n else None for x, n in zip(agree[1:], count[1:])]
+
+
 def analyse(model: Inference, records, summary, predictions, slot_sizes) -> dict:
     """Teacher-forced accuracy of both heads per slot size and by offset within a slot, and per mode
     where its outputs first differ from the reference (answer + EOS); one explanation per mode below AR
@@ -213,7 +250,13 @@ def analyse(model: Inference, records, summary, predictions, slot_sizes) -> dict
                                         heads[s]["by_offset"] if s in heads else []))
     if ar is not None and ar["accuracy"] < 1.0:
         explanations.insert(0, explain_ar(ar["accuracy"], errors["ar"], heads[slot_sizes[-1]]["overall"]))
-    return {"heads": {str(k): v for k, v in heads.items()}, "first_errors": errors, "explanations": explanations}
+    out = {"heads": {str(k): v for k, v in heads.items()}, "first_errors": errors, "explanations": explanations}
+    lora_row = by_mode.get("spec-lora")
+    if lora_row is not None and model.adapter is not None:
+        f = lora_row["generation_config"]["draft_length"]
+        out["drafter"] = {"draft_length": f, "teacher_forced": drafter_agreement(model, examples, f),
+                          "decode": lora_row.get("acceptance_by_position")}
+    return out
 
 
 def markdown(diag: dict) -> str:
@@ -238,6 +281,17 @@ def markdown(diag: dict) -> str:
         lines += ["", "| mode | first errors in diffusion tokens | in sequential tokens | cut short |", "|---|---|---|---|"]
         lines += [f"| {MODE_LABELS.get(m, m)} | {c['diffusion']} | {c['sequential']} | {c['cut_short']} |"
                   for m, c in phases.items()]
+    if "drafter" in diag:
+        d = diag["drafter"]
+        cell = lambda x: "–" if x is None else f"{100 * x:.0f}%"  # noqa: E731
+        decode = d["decode"] or [None] * d["draft_length"]
+        lines += ["", f"Uno's LoRA drafter by draft position (F={d['draft_length']}): teacher-forced agreement with "
+                  "the AR argmax (the training layout on the reference answers), and the acceptance at decode time "
+                  "(P(accepted | reached)):", "",
+                  "| | " + " | ".join(f"c{j}" for j in range(1, d["draft_length"])) + " |",
+                  "|---|" + "---|" * (d["draft_length"] - 1),
+                  "| teacher-forced | " + " | ".join(cell(x) for x in d["teacher_forced"][1:]) + " |",
+                  "| decode | " + " | ".join(cell(x) for x in decode[1:]) + " |"]
     if "1" in diag["heads"]:
         lines += ["", f"Mode A's sequential query (a mask after a clean prefix, its own row; slot size 1): MDM head "
                   f"{pct(diag['heads']['1']['overall']['mdm'])} teacher-forced."]

@@ -30,6 +30,7 @@ from ..inference import Inference, prompt_format
 from ..sampling import GenerationConfig, generate
 from ..sampling.config import MODE_KNOBS, ROUTING_FIELDS, check_knobs
 from ..sampling.prompts import bucket_length
+from ..sampling.spec import pool_acceptance
 from . import answers
 
 MODES = ("ar", "mdm", "slotted", "spec-self", "spec-lora", "spec-model")
@@ -217,7 +218,7 @@ def evaluate_mode(params, config, tokenizer, prompts: list[list[int]], gen_confi
         for chunk in widths.values():
             call(_pad_batch(chunk, batch_size), keys[0])
     compile_s = time.perf_counter() - t0
-    texts, ids, lengths, passes, diffusion = [], [], [], [], []
+    texts, ids, lengths, passes, diffusion, spec_counts = [], [], [], [], [], []
     t0 = time.perf_counter()
     for i, k in zip(starts, keys):
         chunk = prompts[i:i + batch_size]
@@ -234,6 +235,8 @@ def evaluate_mode(params, config, tokenizer, prompts: list[list[int]], gen_confi
         order, n_d = _stat(out, "order", n), _stat(out, "num_diffusion", n)
         if order is not None and n_d is not None:  # mode A: which offsets its diffusion phase decoded
             diffusion += [sorted(int(o) for o in order[r, :int(n_d[r])]) for r in range(n)]
+        if "counts" in out.stats:  # speculative modes: acceptance counts, pooled below
+            spec_counts.append(out.stats["counts"])
         if progress:
             progress(min(i + batch_size, len(prompts)), len(prompts))
     wall = time.perf_counter() - t0
@@ -243,6 +246,7 @@ def evaluate_mode(params, config, tokenizer, prompts: list[list[int]], gen_confi
     tpf = [l / p for l, p in zip(lengths, passes) if p > 0]
     return {"texts": texts, "ids": ids, "lengths": lengths, "forward_passes": passes, "wall_s": wall,
             "diffusion_offsets": diffusion or None,
+            "acceptance": pool_acceptance(spec_counts) if spec_counts else None,
             "compile_s": compile_s,
             "tokens": total_tokens, "tokens_per_s": total_tokens / wall if wall > 0 else float("nan"),
             "tokens_per_forward": float(np.mean(tpf)) if tpf else float("nan")}
@@ -320,6 +324,8 @@ def evaluate(model: Inference, records: list[dict], ev: EvalConfig, *, knobs: di
                "tokens_per_s": res["tokens_per_s"], "generated_tokens": res["tokens"],
                "wall_s": res["wall_s"], "compile_s": res["compile_s"], "batch_size": ev.batch_size,
                "generation_config": dataclasses.asdict(gen)}
+        if res["acceptance"] is not None:  # drafted tokens kept per cycle (c0 included), and by draft position
+            row.update(res["acceptance"])
         if ev.batch1_examples:
             one = evaluate_mode(model.params, model.config, model.tokenizer, prompts[:ev.batch1_examples], gen, key,
                                 1, adapter, model.lora, draft=draft)
@@ -357,9 +363,11 @@ def summary_markdown(summary: list[dict]) -> str:
     (and at batch 1 when measured), and the knobs when a row carries a `point` description."""
     b1 = any("tokens_per_s_batch1" in r for r in summary)
     knobs = any(r.get("point") for r in summary)
+    drafts = any(r.get("accepted_per_cycle") is not None for r in summary)
     batch = summary[0]["batch_size"] if summary else "B"
-    head = ["mode"] + (["knobs"] if knobs else []) + ["exact match", "tokens / forward",
-                                                       f"tokens / s (batch {batch})", "speed-up vs AR"]
+    head = ["mode"] + (["knobs"] if knobs else []) + ["exact match", "tokens / forward"]
+    head += ["drafts accepted / cycle"] if drafts else []
+    head += [f"tokens / s (batch {batch})", "speed-up vs AR"]
     head += ["tokens / s (batch 1)", "speed-up vs AR (batch 1)"] if b1 else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
@@ -369,8 +377,11 @@ def summary_markdown(summary: list[dict]) -> str:
 
     for r in summary:
         cells = [r["label"]] + ([r.get("point") or "–"] if knobs else [])
-        cells += [f"{100 * r['accuracy']:.1f}%", f"{r['tokens_per_forward']:.2f}", f"{r['tokens_per_s']:.1f}",
-                  speed(r, "")]
+        cells += [f"{100 * r['accuracy']:.1f}%", f"{r['tokens_per_forward']:.2f}"]
+        if drafts:  # c0 … c_m kept per cycle (c0, drawn from the AR row, always counts)
+            a = r.get("accepted_per_cycle")
+            cells += [f"{a:.2f}" if a is not None else "–"]
+        cells += [f"{r['tokens_per_s']:.1f}", speed(r, "")]
         if b1:
             t1 = r.get("tokens_per_s_batch1")
             cells += [f"{t1:.1f}" if t1 is not None else "–", speed(r, "_batch1")]

@@ -24,7 +24,9 @@ from ..objectives.drafter import DrafterConfig
 from ..train.config import RunConfig, TrainConfig
 from ..train.optim import OptimConfig
 
-DEFAULT_MODES = ("ar", "mdm", "slotted", "spec-self")
+DEFAULT_MODES = ("ar", "mdm", "slotted", "spec-self", "spec-lora")
+# Uno's setting (`train.objective=ar`): a plain AR model, frozen, and the LoRA drafter trained on it
+UNO_MODES = ("ar", "spec-lora")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,14 +124,15 @@ class DraftModelSection:
 @dataclasses.dataclass(frozen=True)
 class GoalsSection:
     """The report's targets (test split): AR's exact match (`ar_accuracy`, with a stretch goal), mode B's
-    tokens per forward and its accuracy gap to AR (a fraction: 0.03 = 3 points), the self-drafter's tokens
-    per forward. Speculative modes are also held to AR's outputs token for token (lossless)."""
+    tokens per forward and its accuracy gap to AR (a fraction: 0.03 = 3 points), the self-drafter's and the
+    LoRA drafter's tokens per forward. Speculative modes are also held to AR's outputs token for token (lossless)."""
 
     ar_accuracy: float = 0.8
     ar_accuracy_stretch: float = 0.9
     slotted_tokens_per_forward: float = 2.0
     slotted_accuracy_gap: float = 0.03
     spec_self_tokens_per_forward: float = 2.5
+    spec_lora_tokens_per_forward: float = 2.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,7 +180,8 @@ def default_config() -> ExperimentConfig:
 SMOKE = {"task.num_train": 64, "task.num_test": 4, "task.num_val": 4, "model.hidden_size": 32,
          "model.intermediate_size": 64, "model.num_layers": 1, "model.num_heads": 2, "model.num_kv_heads": 1,
          "model.head_dim": 16, "zarya.slot_size_set": [4], "zarya.slot_step_borders": [1.0], "data.batch_size": 8,
-         "optim.warmup_steps": 2, "train.steps": 4, "train.log_every": 1,
+         "optim.warmup_steps": 2, "train.steps": 4, "drafter.steps": 4, "drafter.batch_size": 8,
+         "drafter.warmup_steps": 1, "drafter.block_sizes": [4], "train.log_every": 1,
          "train.save_every": 0, "eval.batch_size": 4, "eval.max_new_tokens": 8, "eval.batch1_examples": 2,
          "eval.knobs.slotted.slot_size": 4, "eval.knobs.slotted.serial_num_blocks": 2,
          "eval.knobs.spec-self.draft_length": 4, "frontier.slotted_slot_size": [4],

@@ -53,6 +53,8 @@ class ModeResult:
     knobs: dict = dataclasses.field(default_factory=dict)
     point: str = ""
     validation_accuracy: float | None = _optional()
+    accepted_per_cycle: float | None = _optional()
+    acceptance_by_position: list | None = _optional()
 
     def to_json(self) -> dict:
         out = _to_json(self)

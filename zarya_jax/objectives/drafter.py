@@ -23,6 +23,7 @@ probability that a draft from q is accepted against p (speculative sampling), re
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -111,9 +112,11 @@ def pair_mask(segment_ids: Array, positions: Array, block_size) -> Array:
     return m | jnp.eye(2 * length, dtype=bool)[None]  # padding rows see themselves: finite softmax
 
 
-def make_pair_batch(key: Array, batch: dict, block_size, config: ModelConfig, lora: LoraConfig) -> dict:
+def make_pair_batch(key: Array, batch: dict, block_size, config: ModelConfig, lora: LoraConfig,
+                    noise: Array | None = None) -> dict:
     """The paired inputs from a supervised batch (`zarya_jax.data.batch` layout: tokens, segment_ids,
-    positions, answer_mask, each [b, L]); the noise rows follow the adapter's `lora.noise`.
+    positions, answer_mask, each [b, L]); the noise rows follow the adapter's `lora.noise` (drawn from
+    `key`, or the given `noise` int [b, L], e.g. to replay an inference draft pass's noise).
 
     Returns {'tokens','positions','gate': [b, 2L], 'mask': [b, 2L, 2L], 'rows': bool [b, L] (noisy
     rows supervised: not a seed, next token in the same example and an answer token), 'targets' [b, L]}.
@@ -124,7 +127,7 @@ def make_pair_batch(key: Array, batch: dict, block_size, config: ModelConfig, lo
     b, length = tokens.shape
     valid = seg > 0
     seed = (pos % block_size) == 0
-    z = noise_tokens(key, (b, length), config.vocab_size, config.mask_token_id, lora.noise)
+    z = noise_tokens(key, (b, length), config.vocab_size, config.mask_token_id, lora.noise) if noise is None else noise
     noisy = jnp.where(seed, tokens, z)
     gate = jnp.concatenate([~seed & valid, jnp.zeros_like(valid)], axis=1)
     shift = lambda x, fill: jnp.concatenate([x[:, 1:], jnp.full((b, 1), fill, x.dtype)], axis=1)
@@ -172,3 +175,36 @@ def drafter_objective(config: ModelConfig, lora: LoraConfig, cfg: DrafterConfig)
 
     # one forward over 2L rows; the clean half is the AR model's own pass
     return Objective(loss_fn, forward_passes=2.0, name="uno-drafter")
+
+
+@functools.partial(jax.jit, static_argnames=("config", "lora", "block_size"))
+def agreement_counts(params, lora_params, batch: dict, key: Array, *, config: ModelConfig, lora: LoraConfig,
+                     block_size: int) -> tuple[Array, Array]:
+    """Teacher-forced agreement of the drafter with the AR argmax, per draft position, on a supervised
+    batch: the training layout with blocks of `block_size` S (block offset j is the draft c_j of an
+    inference window of length S, `sampling.spec.draft_pass`), every block alignment (positions shifted
+    by 0 … S−1; RoPE is relative, so the shift moves the blocks and nothing else).
+
+    Returns (agree, count) int [S]: at offset j ≥ 1, how many supervised rows had argmax q_j = argmax p
+    (the AR row at the same index: what greedy Ψ-Spec accepts), out of how many; offset 0 is the seed.
+    The mask token is excluded from both argmaxes, as the samplers exclude it.
+    """
+    agree = jnp.zeros((block_size,), jnp.int32)
+    count = jnp.zeros((block_size,), jnp.int32)
+    length = batch["tokens"].shape[1]
+    for shift in range(block_size):
+        shifted = {**batch, "positions": batch["positions"] + shift}
+        pair = make_pair_batch(jax.random.fold_in(key, shift), shifted, block_size, config, lora)
+        logits, _ = model_lib.apply(params, config, pair["tokens"], pair["positions"], window_mask=pair["mask"],
+                                    gate=pair["gate"], lora_params=lora_params, lora=lora)
+        if config.mask_token_id is not None:
+            logits = logits.at[..., config.mask_token_id].set(-jnp.inf)
+        best = jnp.argmax(logits, axis=-1)
+        offset = shifted["positions"] % block_size
+        # a block cut before the example's first token has no seed: not an inference window
+        rows = pair["rows"] & (shifted["positions"] - offset >= shift)
+        same = (best[:, :length] == best[:, length:]) & rows
+        onehot = jax.nn.one_hot(offset, block_size, dtype=jnp.int32)
+        agree = agree + jnp.einsum("bl,bls->s", same.astype(jnp.int32), onehot)
+        count = count + jnp.einsum("bl,bls->s", rows.astype(jnp.int32), onehot)
+    return agree, count

@@ -270,7 +270,21 @@ def summarize(raw: dict) -> dict:
             "tokens_per_cycle": generated / row_cycles,
             # decode passes = every pass but the prefill (two per cycle here; one per cycle + the bootstrap fused)
             "tokens_per_forward": generated / max(int(np.sum(np.asarray(raw["num_forward_passes"]) - 1)), 1),
-            "acceptance_by_position": (np.asarray(raw["accepted_at"]) / reached).tolist()}
+            "acceptance_by_position": (np.asarray(raw["accepted_at"]) / reached).tolist(),
+            # the counts behind the ratios, so callers can pool several calls exactly (`pool_acceptance`)
+            "counts": {"row_cycles": row_cycles, "accepted": int(raw["accepted_sum"]),
+                       "accepted_at": np.asarray(raw["accepted_at"]).tolist(),
+                       "reached_at": np.asarray(raw["reached_at"]).tolist()}}
+
+
+def pool_acceptance(counts: list[dict]) -> dict:
+    """`accepted_per_cycle` and `acceptance_by_position` over several calls' `stats["counts"]` (e.g. the
+    batches of an evaluation): ratios of the summed counts, not means of per-call ratios."""
+    cycles = max(sum(c["row_cycles"] for c in counts), 1)
+    accepted_at = np.sum([c["accepted_at"] for c in counts], axis=0)
+    reached_at = np.maximum(np.sum([c["reached_at"] for c in counts], axis=0), 1)
+    return {"accepted_per_cycle": sum(c["accepted"] for c in counts) / cycles,
+            "acceptance_by_position": (accepted_at / reached_at).tolist()}
 
 
 def check(config: ModelConfig, gcfg: GenerationConfig, lora_params, lora: LoraConfig | None) -> None:
