@@ -251,9 +251,12 @@ def targets(goals: GoalsSection, results: list[ModeResult], predictions: list[di
             same = all(outs.get(p["index"]) == p["output_ids"] for p in predictions if p["mode"] == "ar")
             out.append(Target(f"{MODE_LABELS[mode]}: outputs identical to AR token for token (lossless)",
                               r.accuracy - ar.accuracy, same and r.accuracy == ar.accuracy))
-            goal = goals.spec_self_tokens_per_forward if mode == "spec-self" else goals.spec_lora_tokens_per_forward
-            out.append(Target(f"{MODE_LABELS[mode]}: ≥ {goal:.1f} tokens per forward", r.tokens_per_forward,
-                              r.tokens_per_forward >= goal))
+            # the independent draft model is a baseline: held to losslessness only
+            goal = {"spec-self": goals.spec_self_tokens_per_forward,
+                    "spec-lora": goals.spec_lora_tokens_per_forward}.get(mode)
+            if goal is not None:
+                out.append(Target(f"{MODE_LABELS[mode]}: ≥ {goal:.1f} tokens per forward", r.tokens_per_forward,
+                                  r.tokens_per_forward >= goal))
     return out
 
 
