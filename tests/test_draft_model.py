@@ -155,6 +155,8 @@ def test_quickstart_with_a_draft_model_row(base_and_data, tmp_path):
                             "--set", "eval.batch1_examples=0", "--set", "draft_model.loss=ntp"]) == 0
     report = json.load(open(os.path.join(out, "report.json")))
     assert [m["mode"] for m in report["modes"]] == ["ar", "spec-model"]
+    row = report["modes"][1]  # F = 4 (the smoke grid): 0 … 4 drafts kept per cycle, one rate per draft
+    assert 0 <= row["accepted_per_cycle"] <= 4 and len(row["acceptance_by_position"]) == 4
     assert [p["mode"] for p in report["frontier"]["points"]] == ["ar", "spec-model"]
     lossless = [t for t in report["targets"] if "draft model" in t["target"]]
     assert len(lossless) == 1 and lossless[0]["met"], report["targets"]
