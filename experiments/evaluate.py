@@ -1,7 +1,7 @@
 """Evaluate any checkpoint on any JSONL set in any decoding mode (`zarya_jax.eval.evaluate`).
 
     python -m experiments.evaluate --ckpt CKPT --data test.jsonl --modes ar,mdm,slotted,spec-self \\
-        [--lora ADAPTER --modes spec-lora] [--answer final|regex|exact] [--answer-regex PAT] \\
+        [--lora ADAPTER --modes spec-lora] [--draft-ckpt DRAFT_CKPT --modes spec-model] [--answer final|regex|exact] [--answer-regex PAT] \\
         [--max-new-tokens 64] [--batch-size 1] [--knob slotted.slot_size=4] [--batch1-examples N] \\
         [--diagnose [--slot-sizes 2,4,8]] [--prompt-key question] [--format FIELD=VALUE] [--out DIR]
 
@@ -11,7 +11,9 @@ the checkpoint's training data was (its recorded prompt format: chat template, s
 template; `zarya_jax.data.render`); `--format FIELD=VALUE` changes one field of it.
 Modes: `ar` (autoregressive baseline), `mdm` (mode A, docs/algorithms.md §5), `slotted` (mode B, docs/algorithms.md §6),
 `spec-self` (lossless Zarya self-speculation, docs/algorithms.md §7), `spec-lora` (Uno's LoRA drafter, needs
-`--lora`; sampled with the noise convention it was trained with). `--knob [MODE.]FIELD=VALUE` sets any
+`--lora`; sampled with the noise convention it was trained with), `spec-model` (classic speculative
+sampling with an independent draft model, needs `--draft-ckpt`, e.g. one from
+`experiments.train_draft_model`; docs/algorithms.md §7.6). `--knob [MODE.]FIELD=VALUE` sets any
 `GenerationConfig` field for one mode or all (YAML values, typed; an unknown field is an error that
 names the closest ones). Per mode it reports exact-match accuracy, wall-clock generated tokens/s
 (compile time excluded and reported apart), tokens per forward pass and the speed-up over `ar`; it
@@ -76,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True, help="JSONL of {prompt, answer} or {messages} records")
     p.add_argument("--modes", default="ar,mdm,slotted,spec-self", help=f"comma-separated subset of {MODES}")
     p.add_argument("--lora", default=None, help="LoRA drafter adapter directory (for spec-lora)")
+    p.add_argument("--draft-ckpt", default=None, help="draft model checkpoint directory (for spec-model)")
     p.add_argument("--tokenizer", default=None, help="'byte' or a HF tokenizer directory (default: from --ckpt)")
     p.add_argument("--answer", default="final", choices=answers.METHODS, help="answer extraction method")
     p.add_argument("--answer-regex", default="", help="pattern for --answer regex (last match, group 1)")
@@ -154,14 +157,17 @@ def _run(args) -> int:
     sizes = slot_sizes(args.slot_sizes)
     if "spec-lora" in ev.modes and not args.lora:
         raise ValueError("mode 'spec-lora' needs --lora ADAPTER_DIR")
+    if "spec-model" in ev.modes and not args.draft_ckpt:
+        raise ValueError("mode 'spec-model' needs --draft-ckpt DRAFT_CKPT_DIR")
     if not os.path.isdir(args.ckpt):
         raise ValueError(f"--ckpt {args.ckpt!r} is not a directory")
     out = args.out or os.path.join(args.ckpt.rstrip("/") + "_eval")
-    check_output(out, {"--ckpt": args.ckpt, "--data": args.data, "--lora": args.lora, "--tokenizer": args.tokenizer},
-                 "--out", writes=OUTPUTS)
+    check_output(out, {"--ckpt": args.ckpt, "--data": args.data, "--lora": args.lora, "--tokenizer": args.tokenizer,
+                       "--draft-ckpt": args.draft_ckpt}, "--out", writes=OUTPUTS)
     check_writable_dir(out, "--out")  # now, not after the decoding
-    model = load_for_inference(args.ckpt, tokenizer=args.tokenizer, adapter=args.lora, verify=not args.no_verify,
-                               format_overrides=format_overrides(args))
+    model = load_for_inference(args.ckpt, tokenizer=args.tokenizer, adapter=args.lora,
+                               draft=args.draft_ckpt if "spec-model" in ev.modes else None,
+                               verify=not args.no_verify, format_overrides=format_overrides(args))
     records = read_jsonl(args.data, model.prompt_format)
     if ev.limit:
         records = records[: ev.limit]

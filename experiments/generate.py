@@ -14,7 +14,8 @@ template; `zarya_jax.data.render`; `--format FIELD=VALUE` changes a field). Toke
 in batches of `--batch-size`; the text of each row is printed as soon as its batch finishes.
 `--output F.jsonl` also writes one record per prompt, with the prompt's token ids as rendered (written
 to a temporary file, renamed when complete). A LoRA drafter (`--lora DIR`) is sampled with the noise
-convention it was trained with. A knob the chosen mode does not read (e.g. `--mode ar --set slot_size=4`)
+convention it was trained with; a draft model (`--set drafter=model --draft-ckpt DIR`) must read the
+checkpoint's ids. A knob the chosen mode does not read (e.g. `--mode ar --set slot_size=4`)
 is an error, the checkpoint is verified against its checksums (`--no-verify` skips that) and `--output`
 is checked writable up front. Bad input exits with status 2 and one `error:` line on stderr, before
 anything is generated.
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=64, help="the `max_new_tokens` knob")
     cli.add_set_flag(p, "temperature=0.7")
     p.add_argument("--lora", default=None, help="mode spec with drafter=lora: LoRA adapter directory")
+    p.add_argument("--draft-ckpt", default=None, help="mode spec with drafter=model: draft model checkpoint directory")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", default=None, help="also write JSONL records here")
@@ -121,17 +123,22 @@ def _run(args) -> int:
     with_lora = gc.resolved_mode == "spec" and gc.drafter == "lora"
     if with_lora and args.lora is None:
         raise ValueError("--mode spec with drafter=lora needs --lora DIR (the drafter adapter)")
+    with_draft = gc.resolved_mode == "spec" and gc.drafter == "model"
+    if with_draft and args.draft_ckpt is None:
+        raise ValueError("--mode spec with drafter=model needs --draft-ckpt DIR (the draft model checkpoint)")
     if args.output:
         check_output(args.output, {"--ckpt": args.ckpt, "--prompts-file": args.prompts_file, "--lora": args.lora,
+                                   "--draft-ckpt": args.draft_ckpt,
                                    "--tokenizer": args.tokenizer}, "--output")
         check_writable_file(args.output, "--output")
     model = load_for_inference(args.ckpt, tokenizer=args.tokenizer, adapter=args.lora if with_lora else None,
+                               draft=args.draft_ckpt if with_draft else None,
                                verify=not args.no_verify, format_overrides=format_overrides(args))
     params, config, tokenizer, fmt = model.params, model.config, model.tokenizer, model.prompt_format
     texts = read_prompts(args, fmt.prompt_key)
     prompts = [tokenizer.encode(render_prompt(t, tokenizer, fmt)) for t in texts]
     gc.validate(config, prompts)
-    lora_kwargs = model.lora_kwargs
+    drafter_kwargs = {**model.lora_kwargs, **model.draft_kwargs}
     key = jax.random.PRNGKey(args.seed)
     records = []
     for start in range(0, len(prompts), args.batch_size):
@@ -140,7 +147,7 @@ def _run(args) -> int:
         # A short last batch is filled with copies so every batch reuses one compiled program.
         padded = chunk + [chunk[0]] * (args.batch_size - n) if len(prompts) > args.batch_size else chunk
         t0 = time.perf_counter()
-        out = generate(params, config, padded, gc, jax.random.fold_in(key, start), **lora_kwargs)
+        out = generate(params, config, padded, gc, jax.random.fold_in(key, start), **drafter_kwargs)
         wall = time.perf_counter() - t0
         for r in range(n):
             length = int(out.lengths[r])

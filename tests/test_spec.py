@@ -9,12 +9,13 @@ import pytest
 
 from zarya_jax import lora as lora_lib
 from zarya_jax import model as model_lib
-from zarya_jax.config import LoraConfig, ModelConfig
+from zarya_jax.config import LoraConfig
 from zarya_jax.nn import kv_cache, masks
 from zarya_jax.sampling import GenerationConfig, generate, pad_prompts, spec
 from zarya_jax.testing import UNO_CONFIG as CFG, UNO_LORA as LORA, synthetic_tokens
 from zarya_jax.testing import uno_adapters as adapters, uno_random_params as random_model
 from zarya_jax.testing import uno_trained_params as trained_model
+from zarya_jax.testing import SPEC_SMALL, ragged_prompts, sharp_params, two_token_distribution, two_token_tv
 
 
 # ------------------------------------------------------------------ accept / residual
@@ -57,15 +58,7 @@ def test_accept_residual_reproduces_p(greedy):
 
 
 # ------------------------------------------------------------------ greedy identity with the AR sampler
-PROMPT_LENGTHS = (9, 3, 14, 1, 6)
-
-
-def _prompts(trained: bool):
-    rng = np.random.default_rng(7)
-    if trained:
-        rows = synthetic_tokens(rng, len(PROMPT_LENGTHS), max(PROMPT_LENGTHS))
-        return [list(map(int, r[:n])) for r, n in zip(rows, PROMPT_LENGTHS)]
-    return [list(map(int, rng.integers(0, 256, n))) for n in PROMPT_LENGTHS]
+_prompts = ragged_prompts
 
 
 CASES = [  # (model, drafter, F, adapter)
@@ -272,28 +265,20 @@ def test_cache_after_each_cycle_equals_ar_recompute():
 
 
 # ------------------------------------------------------------------ exact two-token distribution
-SMALL = ModelConfig(vocab_size=8, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
-                    head_dim=16, max_position_embeddings=64, mask_token_id=7, eos_token_id=None, pad_token_id=0,
-                    tie_word_embeddings=False)
+SMALL = SPEC_SMALL
 
 
 @pytest.mark.parametrize("drafter", ["lora", "self"])
 def test_first_two_tokens_joint_distribution(drafter):
     """Histogram of (token 1, token 2) from Ψ-Spec (temperature 1, F = 3) vs the AR model's exact
     two-token distribution, enumerated with full forwards."""
-    params = jax.jit(model_lib.init_params, static_argnums=0)(SMALL, jax.random.PRNGKey(11))
-    params = {**params, "lm_head": params["lm_head"] * 60.0}  # a non-flat p
+    params = sharp_params(SMALL, 11)  # a non-flat p
     small_lora = LoraConfig(rank=2, alpha=4.0)
     lp = jax.tree.map(lambda x: x + 0.3, lora_lib.init_lora(SMALL, small_lora, jax.random.PRNGKey(12)))
     prompt = [1, 2, 3, 4]
     v = 7  # the mask token (id 7) is never sampled
 
-    # exact: p(t1) p(t2 | t1) from full causal forwards over prompt + t1 (+ any t2 slot)
-    seqs = jnp.asarray([prompt + [t1] for t1 in range(v)], jnp.int32)
-    logits = np.asarray(model_lib.forward(params, SMALL, seqs), np.float64)[..., :v]
-    probs = np.exp(logits - logits.max(-1, keepdims=True))
-    probs /= probs.sum(-1, keepdims=True)
-    exact = probs[0, len(prompt) - 1][:, None] * probs[:, len(prompt)]
+    exact = two_token_distribution(params, SMALL, prompt, v)
 
     n = 60_000
     gc = GenerationConfig(mode="spec", max_new_tokens=2, temperature=1.0, draft_length=3, drafter=drafter)
@@ -303,9 +288,8 @@ def test_first_two_tokens_joint_distribution(drafter):
                            lora=small_lora if drafter == "lora" else None)
     out = np.asarray(raw["tokens"])
     assert (np.asarray(raw["lengths"]) == 2).all() and out.max() < v
-    hist = np.bincount(out[:, 0] * v + out[:, 1], minlength=v * v).reshape(v, v) / n
-    tv = 0.5 * np.abs(hist - exact).sum()
+    tv = two_token_tv(out, exact)
     # sampling noise alone gives E[TV] ≈ 0.5 Σ sqrt(2 p / (π n)) ≤ 0.011 here
-    assert tv < 0.025, (tv, hist, exact)
+    assert tv < 0.025, (tv, exact)
     # and the drafter really is different from p: rejections happened
     assert float(raw["accepted_sum"]) / n < 3.0

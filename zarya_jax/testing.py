@@ -11,7 +11,10 @@ models with their weights copied into our params.
 - `UNO_CONFIG` (`TINY` with an untied head), `UNO_LORA`, `UNO_DRAFTER` and, built once per process,
   `uno_random_params()`, `uno_trained_params()` (briefly trained with AR + MDM losses, so the AR model is
   predictable and its MDM pass can self-draft) and `uno_adapters()` (an untrained adapter and one
-  trained a little with the TV loss): the models of the Uno tests.
+  trained a little with the TV loss): the models of the Uno tests; `ragged_prompts` their prompts.
+- `SPEC_SMALL`, `sharp_params`, `two_token_distribution`, `two_token_tv`: the exact-distribution
+  check of the speculative samplers (an 8-token model whose first two sampled tokens' exact joint
+  distribution is enumerated with full forwards, against a histogram of sampled pairs).
 - `random_hf_model`: a random transformers `Qwen3ForCausalLM` of a `ModelConfig`, and its params.
 - `chat_tokenizer`: a character-level Hugging Face tokenizer with Qwen3's chat template and special
   tokens, saved to a directory (nothing to download), and its vocabulary.
@@ -149,6 +152,51 @@ def uno_adapters():
 
 
 # ------------------------------------------------------------------ random Hugging Face models
+RAGGED_LENGTHS = (9, 3, 14, 1, 6)
+
+
+def ragged_prompts(trained: bool, lengths=RAGGED_LENGTHS) -> list[list[int]]:
+    """Prompts of ragged `lengths` (one of a single token): synthetic letter text (what the trained Uno
+    model predicts) or random byte ids."""
+    rng = np.random.default_rng(7)
+    if trained:
+        rows = synthetic_tokens(rng, len(lengths), max(lengths))
+        return [list(map(int, r[:n])) for r, n in zip(rows, lengths)]
+    return [list(map(int, rng.integers(0, 256, n))) for n in lengths]
+
+
+# ------------------------------------------------------------------ exact sampling distributions
+SPEC_SMALL = ModelConfig(vocab_size=8, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
+                         num_kv_heads=1, head_dim=16, max_position_embeddings=64, mask_token_id=7, eos_token_id=None,
+                         pad_token_id=0, tie_word_embeddings=False)
+
+
+def sharp_params(config: ModelConfig, seed: int, scale: float = 60.0):
+    """Random params of an untied-head `config` with the head scaled by `scale`: a non-flat next-token
+    distribution that depends on the input."""
+    params = jax.jit(model_lib.init_params, static_argnums=0)(config, jax.random.PRNGKey(seed))
+    return {**params, "lm_head": params["lm_head"] * scale}
+
+
+def two_token_distribution(params, config: ModelConfig, prompt: list[int], vocab: int) -> np.ndarray:
+    """float64 [vocab, vocab]: the AR model's exact joint p(t1) p(t2 | t1) of the two tokens after `prompt`
+    at temperature 1 over ids 0 … vocab−1 (the ids above, the mask among them, never sampled), from full
+    causal forwards over prompt + t1."""
+    seqs = jnp.asarray([list(prompt) + [t1] for t1 in range(vocab)], jnp.int32)
+    logits = np.asarray(model_lib.forward(params, config, seqs), np.float64)[..., :vocab]
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    return probs[0, len(prompt) - 1][:, None] * probs[:, len(prompt)]
+
+
+def two_token_tv(tokens: np.ndarray, exact: np.ndarray) -> float:
+    """Total variation between the histogram of the pairs tokens[:, :2] (int [n, ≥2]) and `exact` [v, v].
+    Sampling noise alone gives E[TV] ≈ 0.5 Σ sqrt(2 p / (π n))."""
+    v = exact.shape[0]
+    hist = np.bincount(tokens[:, 0] * v + tokens[:, 1], minlength=v * v).reshape(v, v) / len(tokens)
+    return float(0.5 * np.abs(hist - exact).sum())
+
+
 def random_torch_model(config: ModelConfig, seed: int = 0, **hf_overrides):
     """A random transformers Qwen3ForCausalLM with `config`'s dimensions (fp32, eager attention, CPU,
     weights from `torch.manual_seed(seed)`); `hf_overrides` go to its Qwen3Config (e.g.

@@ -2,7 +2,8 @@
 `python -m experiments.evaluate`, also used by the quickstart and sweeps).
 
 Modes: `ar` (autoregressive baseline), `mdm` (mode A, docs/algorithms.md §5), `slotted` (mode B, docs/algorithms.md §6),
-`spec-self` (lossless Zarya self-speculation, docs/algorithms.md §7), `spec-lora` (Uno's LoRA drafter). Per mode:
+`spec-self` (lossless Zarya self-speculation, docs/algorithms.md §7), `spec-lora` (Uno's LoRA drafter), `spec-model`
+(an independent draft model, classic speculative sampling, docs/algorithms.md §7.6). Per mode:
 exact-match accuracy (`answers`), wall-clock generated tokens/s (compile time excluded and reported
 apart), tokens per forward pass and the speed-up over `ar`. Decoding knobs are `GenerationConfig`
 fields, per mode or for all modes (`parse_knobs`, `ModeKnobs`), typed by `zarya_jax.overrides`.
@@ -32,12 +33,14 @@ from ..sampling.prompts import bucket_length
 from ..sampling.spec import pool_acceptance
 from . import answers
 
-MODES = ("ar", "mdm", "slotted", "spec-self", "spec-lora")
+MODES = ("ar", "mdm", "slotted", "spec-self", "spec-lora", "spec-model")
 MODE_LABELS = {"ar": "AR", "mdm": "mode A (MDM)", "slotted": "mode B (slotted)",
-               "spec-self": "spec, self drafter", "spec-lora": "spec, LoRA drafter"}
+               "spec-self": "spec, self drafter", "spec-lora": "spec, LoRA drafter", "spec-model": "spec, draft model"}
+SPEC_MODES = ("spec-self", "spec-lora", "spec-model")  # lossless: held to AR's outputs token for token
 # Base GenerationConfig fields per evaluation mode; knobs are layered on top.
 MODE_FIELDS = {"ar": {"mode": "ar"}, "mdm": {"mode": "mdm"}, "slotted": {"mode": "slotted"},
-               "spec-self": {"mode": "spec", "drafter": "self"}, "spec-lora": {"mode": "spec", "drafter": "lora"}}
+               "spec-self": {"mode": "spec", "drafter": "self"}, "spec-lora": {"mode": "spec", "drafter": "lora"},
+               "spec-model": {"mode": "spec", "drafter": "model"}}
 
 Knobs = ov.sparse(GenerationConfig)  # a typed partial GenerationConfig: the fields a mode overrides
 
@@ -51,6 +54,7 @@ class ModeKnobs:
     slotted: Knobs = Knobs()
     spec_self: Knobs = dataclasses.field(default=Knobs(), metadata={"key": "spec-self"})
     spec_lora: Knobs = dataclasses.field(default=Knobs(), metadata={"key": "spec-lora"})
+    spec_model: Knobs = dataclasses.field(default=Knobs(), metadata={"key": "spec-model"})
 
     def as_dict(self) -> dict[str, dict]:
         """{mode: {field: value}} of the knobs set, the form `evaluate` takes."""
@@ -187,9 +191,9 @@ def _stat(out, name, rows):
 
 
 def evaluate_mode(params, config, tokenizer, prompts: list[list[int]], gen_config, key, batch_size: int,
-                  lora_params=None, lora=None, progress=None, warmup: bool = True) -> dict:
+                  lora_params=None, lora=None, progress=None, warmup: bool = True, draft: dict | None = None) -> dict:
     """Generates for all prompts in batches of `batch_size`; returns texts, token ids, lengths, passes
-    and timings.
+    and timings. `draft`: `generate`'s draft-model keyword arguments (`Inference.draft_kwargs`).
 
     With `warmup` one batch per prompt bucket is run once untimed (compilation); the timed pass covers
     every batch.
@@ -197,6 +201,7 @@ def evaluate_mode(params, config, tokenizer, prompts: list[list[int]], gen_confi
     """
     def call(batch, k):
         kwargs = {} if lora_params is None else {"lora_params": lora_params, "lora": lora}
+        kwargs.update(draft or {})
         out = generate(params, config, batch, gen_config, k, **kwargs)
         jax.block_until_ready(out.tokens)
         return out
@@ -279,6 +284,8 @@ def evaluate(model: Inference, records: list[dict], ev: EvalConfig, *, knobs: di
     knobs = ev.knobs.as_dict() if knobs is None else knobs
     if "spec-lora" in ev.modes and model.adapter is None:
         raise ValueError("mode 'spec-lora' needs a LoRA drafter adapter (--lora DIR)")
+    if "spec-model" in ev.modes and model.draft_params is None:
+        raise ValueError("mode 'spec-model' needs a draft model (--draft-ckpt DIR)")
     pairs, prompts, golds = render_records(records, model.tokenizer, model.prompt_format, method, pattern)
     # Every mode against the model and the prompts before any decoding (a missing mask token must not
     # surface only after the AR mode has run).
@@ -293,9 +300,11 @@ def evaluate(model: Inference, records: list[dict], ev: EvalConfig, *, knobs: di
     key = jax.random.PRNGKey(ev.seed)
     for mode in ev.modes:
         gen, adapter = gens[mode], (model.adapter if mode == "spec-lora" else None)
+        draft = model.draft_kwargs if mode == "spec-model" else None
         bar = _progress_bar(mode, len(prompts)) if progress else None
         res = evaluate_mode(model.params, model.config, model.tokenizer, prompts, gen, key, ev.batch_size, adapter,
-                            model.lora, progress=(lambda done, total: bar(done)) if bar else None, warmup=warmup)
+                            model.lora, progress=(lambda done, total: bar(done)) if bar else None, warmup=warmup,
+                            draft=draft)
         if bar:
             bar(None)
         correct = 0
@@ -319,7 +328,7 @@ def evaluate(model: Inference, records: list[dict], ev: EvalConfig, *, knobs: di
             row.update(res["acceptance"])
         if ev.batch1_examples:
             one = evaluate_mode(model.params, model.config, model.tokenizer, prompts[:ev.batch1_examples], gen, key,
-                                1, adapter, model.lora)
+                                1, adapter, model.lora, draft=draft)
             row.update(tokens_per_s_batch1=one["tokens_per_s"], batch1_examples=len(one["lengths"]))
         summary.append(row)
     return _with_speedups(summary), predictions

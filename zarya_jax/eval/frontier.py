@@ -36,7 +36,7 @@ class FrontierConfig:
     mdm_steps × mdm_alpha0 × mdm_orders × mdm_sequential: mode A's grid (T = 0 ignores α0 and the
       sequential convention, α0 = 1 the convention). Mode A beats AR's tokens per forward only when
       α0·M > T (≈ M / (1 + min(N_d, T) + (1 − α0)·M)), so the default grid has no α0 = 0.25 point (≈ 0.85
-      by construction at T = 16) and no T = 16 point. draft_lengths: F of spec-self / spec-lora.
+      by construction at T = 16) and no T = 16 point. draft_lengths: F of spec-self / spec-lora / spec-model.
     spec_self_fused: also sweep fused self-speculation (one forward per cycle, K = each draft length) in
       spec-self's grid; off by default, as its window of (K+1)(K+2) rows would grow the sweep's budget.
     tolerance: the fraction of the validation examples a chosen point may lose to AR (answer wrongly where AR
@@ -99,7 +99,7 @@ def grid_points(fc: FrontierConfig, modes, max_new_tokens: int) -> list[tuple[st
                     points.append(("slotted", knobs))
         elif mode == "mdm":
             points += [("mdm", k) for k in mdm_points(fc)]
-        elif mode in ("spec-self", "spec-lora"):
+        elif mode in ("spec-self", "spec-lora", "spec-model"):
             points += [(mode, {"draft_length": f}) for f in fc.draft_lengths]
             if mode == "spec-self" and fc.spec_self_fused:
                 points += [(mode, {"draft_length": f, "fused": True}) for f in fc.draft_lengths]

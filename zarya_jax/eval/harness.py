@@ -4,9 +4,10 @@
 (lm-eval's own command line; importing this module registers the model). Model arguments:
 
 - `ckpt` (required): a `zarya_jax.checkpoint` directory, read by `zarya_jax.inference.load_for_inference`;
-  `tokenizer`: a tokenizer directory (wins over the checkpoint's own); `lora`: an adapter directory for `mode=spec-lora`.
+  `tokenizer`: a tokenizer directory (wins over the checkpoint's own); `lora`: an adapter directory for `mode=spec-lora`;
+  `draft`: a draft model checkpoint for `mode=spec-model`.
 - `mode`: an evaluation mode of `zarya_jax.eval.evaluate` (`ar`, `mdm`, `slotted`, `spec-self`,
-  `spec-lora`) for `generate_until`; any other `key=value` is a `GenerationConfig` knob (`slot_size=8`,
+  `spec-lora`, `spec-model`) for `generate_until`; any other `key=value` is a `GenerationConfig` knob (`slot_size=8`,
   `draft_length=4`, `temperature=0.7`, …), typed and checked like `evaluate --knob`. A knob given here
   wins over the task's `temperature` / `do_sample`.
 - `format.FIELD=VALUE`: a field of the checkpoint's recorded prompt format (`render=false`: send lm-eval's
@@ -75,7 +76,7 @@ class ZaryaLM(LM):
     """A zarya_jax checkpoint as an lm-evaluation-harness model (see the module docstring)."""
 
     def __init__(self, ckpt: str, mode: str = "ar", tokenizer: str | None = None, lora: str | None = None,
-                 batch_size: int | str = 1, max_batch_size: int | None = None, device: str | None = None,
+                 draft: str | None = None, batch_size: int | str = 1, max_batch_size: int | None = None, device: str | None = None,
                  max_length: int = 0, length_bucket: int = 64, seed: int = 0, render: bool = True, **knobs):
         # max_batch_size and device are lm-eval's arguments for every model; JAX places the arrays itself.
         super().__init__()
@@ -92,12 +93,15 @@ class ZaryaLM(LM):
         generation_config(mode, 1, {"*": self.knobs})  # typos and bad values fail here, before any request
         if mode == "spec-lora" and not lora:
             raise ConfigError("mode=spec-lora needs lora=ADAPTER_DIR")
+        if mode == "spec-model" and not draft:
+            raise ConfigError("mode=spec-model needs draft=DRAFT_CKPT_DIR")
         model = load_for_inference(ckpt, tokenizer=tokenizer, adapter=lora if mode == "spec-lora" else None,
+                                   draft=draft if mode == "spec-model" else None,
                                    format_overrides=formats)
         self.params, self.config, self.tokenizer, self.format = model.params, model.config, model.tokenizer, \
             model.prompt_format
         self.max_length = int(max_length) or min(2048, self.config.max_position_embeddings)
-        self.lora_kwargs = model.lora_kwargs
+        self.drafter_kwargs = {**model.lora_kwargs, **model.draft_kwargs}
         self.ckpt = model.ckpt
 
     # ---------------------------------------------------------------- lm-eval's model interface
@@ -168,7 +172,7 @@ class ZaryaLM(LM):
                 batch += [batch[0]] * (self.batch_size - len(batch))  # one shape: one compiled program
                 key = jax.random.fold_in(jax.random.PRNGKey(self.seed), batch_no)
                 batch_no += 1
-                result = generate(self.params, self.config, batch, gc, key, **self.lora_kwargs)
+                result = generate(self.params, self.config, batch, gc, key, **self.drafter_kwargs)
                 tokens, lengths = np.asarray(result.tokens), np.asarray(result.lengths)
                 for row, i in enumerate(chunk):
                     text = _truncate(self.tokenizer.decode(tokens[row, :int(lengths[row])].tolist()), until)

@@ -2,7 +2,8 @@
 
 `ExperimentConfig` is the trainer's sections (`model`, `zarya`, `optim`, `data`, `mesh`, `train`, see
 `zarya_jax.train.config`) plus `task` (the embedded task generator, or your own files), `drafter`
-(Uno's LoRA drafter, trained only for `spec-lora`), `eval` (modes, budget, batch, answer extraction and
+(Uno's LoRA drafter, trained only for `spec-lora`), `draft_model` (an independent draft model, trained only
+for `spec-model`), `eval` (modes, budget, batch, answer extraction and
 per-mode decoding knobs `eval.knobs.<mode>.<GenerationConfig field>`), `frontier` (the grid and the
 choice rule) and `goals` (the numbers the report's targets are measured against). Every `--set` of the
 quickstart and every key of a sweep file is a dotted key of this tree, typed and checked by
@@ -18,6 +19,7 @@ from ..data.pipeline import DataConfig
 from ..eval import tasks
 from ..eval.evaluate import EvalConfig, Knobs, ModeKnobs
 from ..eval.frontier import FrontierConfig
+from ..objectives.distill import LOSSES as DRAFT_LOSSES
 from ..objectives.drafter import DrafterConfig
 from ..train.config import RunConfig, TrainConfig
 from ..train.optim import OptimConfig
@@ -99,6 +101,46 @@ class DrafterSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class DraftModelSection:
+    """The independent draft model of `spec-model` (docs/algorithms.md §7.6), trained for the frozen checkpoint only
+    when `eval.modes` has spec-model: its loss (`ntp`: next-token loss on the data; `tv`: distilled from
+    the base, + `ce_weight` × cross-entropy: 1 by default, as TV alone stalls from a random init, see
+    docs/uno.md), its run (`steps`, `lr`, `warmup_steps`, `batch_size`) and
+    its size: explicit (`hidden_size` > 0, with `intermediate_size`, `num_layers`, `num_heads`,
+    `num_kv_heads`, the base's head_dim; embeddings tied), or `params_ratio` × the parameters of the
+    experiment's LoRA drafter (`drafter.rank` on the base; `train.draft_model.sized_to`: the largest model
+    of the base's shape family within that budget, every parameter counted, the tied embedding once)."""
+
+    loss: str = "tv"
+    ce_weight: float = 1.0
+    steps: int = 300
+    lr: float = 3e-3
+    warmup_steps: int = 20
+    batch_size: int = 16
+    params_ratio: float = 1.0
+    hidden_size: int = 0
+    intermediate_size: int = 0
+    num_layers: int = 0
+    num_heads: int = 0
+    num_kv_heads: int = 0
+
+    def __post_init__(self):
+        if self.loss not in DRAFT_LOSSES:
+            raise ConfigError(f"draft_model.loss={self.loss!r}: expected one of {DRAFT_LOSSES}")
+        for name in ("steps", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"draft_model.{name}={getattr(self, name)}: expected ≥ 1")
+        if not self.params_ratio > 0:
+            raise ConfigError(f"draft_model.params_ratio={self.params_ratio}: expected > 0")
+        if self.ce_weight < 0:
+            raise ConfigError(f"draft_model.ce_weight={self.ce_weight}: expected ≥ 0")
+        explicit = ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads")
+        if self.hidden_size and any(getattr(self, f) < 1 for f in explicit):
+            raise ConfigError(f"draft_model: an explicit size (hidden_size={self.hidden_size}) needs every one of "
+                              f"{list(explicit)} ≥ 1, got {[getattr(self, f) for f in explicit]}")
+
+
+@dataclasses.dataclass(frozen=True)
 class GoalsSection:
     """The report's targets (test split): AR's exact match (`ar_accuracy`, with a stretch goal), mode B's
     tokens per forward and its accuracy gap to AR (a fraction: 0.03 = 3 points), the self-drafter's and the
@@ -114,10 +156,12 @@ class GoalsSection:
 
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig(RunConfig):
-    """The trainer's sections plus the task, the drafter, the evaluation, the frontier and the goals."""
+    """The trainer's sections plus the task, the drafter, the draft model, the evaluation, the frontier and
+    the goals."""
 
     task: TaskSection = TaskSection()
     drafter: DrafterSection = DrafterSection()
+    draft_model: DraftModelSection = DraftModelSection()
     eval: EvalConfig = EvalConfig()
     frontier: FrontierConfig = FrontierConfig()
     goals: GoalsSection = GoalsSection()
@@ -150,7 +194,8 @@ def default_config() -> ExperimentConfig:
                         knobs=ModeKnobs(mdm=Knobs(steps=8, alpha0=0.5),
                                         slotted=Knobs(slot_size=8, serial_num_blocks=4, slot_threshold=0.9,
                                                       token_threshold=0.9, ar_infill=True, ar_first_token=True),
-                                        spec_self=Knobs(draft_length=8), spec_lora=Knobs(draft_length=8))),
+                                        spec_self=Knobs(draft_length=8), spec_lora=Knobs(draft_length=8),
+                                        spec_model=Knobs(draft_length=4))),
         frontier=FrontierConfig())
 
 
@@ -165,7 +210,8 @@ SMOKE = {"task.num_train": 64, "task.num_test": 4, "task.num_val": 4, "model.hid
          "frontier.slotted_serial_num_blocks": [0], "frontier.slotted_slot_threshold": [0.9],
          "frontier.slotted_token_threshold": [0.5, 0.9], "frontier.slotted_corrections": ["refusion", "both"],
          "frontier.mdm_steps": [0, 2], "frontier.mdm_alpha0": [0.5], "frontier.mdm_orders": ["confidence"],
-         "frontier.mdm_sequential": ["ar"], "frontier.draft_lengths": [4]}
+         "frontier.mdm_sequential": ["ar"], "frontier.draft_lengths": [4], "draft_model.steps": 4,
+         "draft_model.batch_size": 8}
 """The smoke size (`--smoke`, tests): seconds instead of minutes, a tiny model, a handful of steps and
 examples, one slot size."""
 

@@ -19,7 +19,7 @@ def _save(fig, path: str) -> None:
 
 
 MODE_COLORS = {"ar": "black", "mdm": "tab:orange", "slotted": "tab:blue", "spec-self": "tab:green",
-               "spec-lora": "tab:purple"}
+               "spec-lora": "tab:purple", "spec-model": "tab:brown"}
 
 
 def frontier_plot(points: list[dict], chosen: list[dict], loss_curve: list[tuple[int, float]] | None, path: str,

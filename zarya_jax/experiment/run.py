@@ -87,6 +87,8 @@ def run(config: ExperimentConfig, workdir: str, *, progress: bool = True, force:
         records = records[: ev.limit]
     if "spec-lora" in ev.modes:
         model = stages.train_drafter(config, model, stages.drafter_data(config, splits, workdir), workdir, force=force)
+    if "spec-model" in ev.modes:
+        model = stages.train_draft_model(config, model, splits.train, workdir, force=force)
     t_frontier = time.perf_counter()
     val_records = tasks.read_jsonl(splits.val, model.prompt_format) if config.frontier.enabled else []
     knobs, front = stages.choose_knobs(ev, config.frontier, model, val_records, progress)

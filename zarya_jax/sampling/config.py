@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 MODES = ("ar", "mdm", "slotted", "spec")
-DRAFTERS = ("lora", "self")
+DRAFTERS = ("lora", "self", "model")
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 MDM_ORDERS = ("random", "logical", "confidence")
 MDM_SEQUENTIAL = ("mask", "ar")
@@ -58,7 +58,9 @@ class GenerationConfig:
     ar_infill, ar_first_token: mode B's AR corrections (beyond the paper; off = ReFusion's rule): the token
       forced after an accepted prefix is the AR row's own choice, and a slot that directly follows
       committed text starts with the AR choice for that position (see `sampling.slotted`).
-    draft_length, drafter: mode "spec" (F and "lora" | "self").
+    draft_length, drafter: mode "spec" (F and "lora" | "self" | "model": Uno's gated-LoRA adapter, Zarya
+      self-drafting, or a separate draft model passed to `generate` as `draft_params` / `draft_config`,
+      classic speculative sampling, docs/algorithms.md §7.6).
     fused: mode "spec" with drafter "self" in one forward pass per cycle (docs/algorithms.md §7.5; `draft_length`
       is its K drafts per cycle).
     eos_token_id: None → the model config's; stop_at_eos: a row stops after its first EOS.

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import ar, decoding, fused, mdm, slotted, spec
+from . import ar, decoding, fused, mdm, slotted, spec, spec_model
 from .config import GenerationConfig, GenerationOutput
 from .decoder import Decoder
 from ..nn import hf_params
@@ -25,18 +25,22 @@ from .prompts import as_prompt_list, pad_prompts
 TRACE_COUNTS: collections.Counter = collections.Counter()
 DYNAMIC_FIELDS = slotted.KNOBS  # the fields passed traced (`slotted.Knobs`), reset in the static key
 DECODERS: dict[str, Decoder] = {"ar": ar.DECODER, "ar_uncached": ar.UNCACHED, "mdm": mdm.DECODER,
-                                "slotted": slotted.DECODER, "spec": spec.DECODER, "spec_fused": fused.DECODER}
+                                "slotted": slotted.DECODER, "spec": spec.DECODER, "spec_fused": fused.DECODER,
+                                "spec_model": spec_model.DECODER}
 
 
 def _make_jitted(name: str):
     decoder = DECODERS[name]
 
-    def traced(params, lora_params, tokens, lengths, key, dyn, *, config, gcfg, lora, debug):
+    def traced(params, lora_params, draft_params, tokens, lengths, key, dyn, *, config, gcfg, lora, draft_config,
+               debug):
         TRACE_COUNTS[name] += 1  # runs only while tracing
-        adapter = {"lora_params": lora_params, "lora": lora} if decoder.uses_adapter else {}
-        return decoder.run(params, tokens, lengths, key, config=config, gcfg=gcfg, debug=debug, dyn=dyn, **adapter)
+        extra = {"lora_params": lora_params, "lora": lora} if decoder.uses_adapter else {}
+        if decoder.uses_draft_model:
+            extra = {"draft_params": draft_params, "draft_config": draft_config}
+        return decoder.run(params, tokens, lengths, key, config=config, gcfg=gcfg, debug=debug, dyn=dyn, **extra)
 
-    return jax.jit(traced, static_argnames=("config", "gcfg", "lora", "debug"))
+    return jax.jit(traced, static_argnames=("config", "gcfg", "lora", "draft_config", "debug"))
 
 
 _JITTED = {name: _make_jitted(name) for name in DECODERS}
@@ -48,13 +52,15 @@ def static_key(gc: GenerationConfig) -> GenerationConfig:
 
 
 def generate(params, config, prompts, generation_config: GenerationConfig, key, *, lora_params=None, lora=None,
-             debug: bool = False, use_cache: bool = True) -> GenerationOutput:
+             draft_params=None, draft_config=None, debug: bool = False, use_cache: bool = True) -> GenerationOutput:
     """Generates continuations of `prompts` (list of B token-id lists or 1-D integer arrays, or one integer
     array [B, L]) → `GenerationOutput`.
 
     Routes by `generation_config.resolved_mode`: "ar" (docs/algorithms.md §4), "mdm" (mode A, §5), "slotted"
     (mode B, §6), "spec" (§7; `lora_params`/`lora`, the drafter adapter with its noise convention, are
-    used by this mode only: the other modes run the base weights). `use_cache=False` runs the AR
+    used by this mode with `drafter="lora"` only, `draft_params`/`draft_config`, a separate draft model
+    with the base's vocabulary and special ids, with `drafter="model"` only: the other modes run the
+    base weights). `use_cache=False` runs the AR
     baseline without a KV cache (mode "ar" only); `debug=True` adds per-pass logits to `stats["trace"]`
     (modes ar/mdm/slotted). Raises ValueError on bad input (prompts, config, params of another config)
     before anything is compiled.
@@ -71,15 +77,19 @@ def generate(params, config, prompts, generation_config: GenerationConfig, key, 
     name = mode if use_cache else "ar_uncached"
     if mode == "spec" and gc.fused:
         name = "spec_fused"
+    if mode == "spec" and gc.drafter == "model":
+        name = "spec_model"
     decoder = DECODERS[name]
-    decoder.check(config, gc, lora_params, lora)
+    drafting = decoder.uses_draft_model
+    decoder.check(config, gc, *((draft_params, draft_config) if drafting else (lora_params, lora)))
     adapter = decoder.uses_adapter and mode == "spec" and gc.drafter == "lora"
     _, pad = decoding.special_ids(config, gc)
     tokens, lengths = pad_prompts(prompts, gc.prompt_bucket, pad)
     dyn = slotted.Knobs.of(gc)
     static_gc = static_key(gc)  # the runtime fields are traced instead: no recompile per value
-    raw = _JITTED[name](params, lora_params if adapter else None, jnp.asarray(tokens), jnp.asarray(lengths), key,
-                        dyn, config=config, gcfg=static_gc, lora=lora if adapter else None, debug=debug)
+    raw = _JITTED[name](params, lora_params if adapter else None, draft_params if drafting else None,
+                        jnp.asarray(tokens), jnp.asarray(lengths), key, dyn, config=config, gcfg=static_gc,
+                        lora=lora if adapter else None, draft_config=draft_config if drafting else None, debug=debug)
     raw = jax.device_get(raw)
     out_lengths = np.asarray(raw["lengths"], np.int32)
     nfe = np.asarray(raw["num_forward_passes"], np.int32)

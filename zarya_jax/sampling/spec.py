@@ -164,6 +164,24 @@ def prefill_but_last(params, config: ModelConfig, prompts: Array, lengths: Array
     return cache, jnp.take_along_axis(prompts, (lengths - 1)[:, None], axis=1)[:, 0]
 
 
+def loop_state(prompts: Array, lengths: Array, config: ModelConfig, gcfg: GenerationConfig, positions: int) -> dict:
+    """The per-row output and the statistics counters a speculative decode loop starts from (`positions`
+    draft indices counted in `accepted_at` / `reached_at`)."""
+    b, G = prompts.shape[0], gcfg.max_new_tokens
+    _, pad = decoding.special_ids(config, gcfg)
+    return dict(out=jnp.full((b, G), pad, jnp.int32), logprobs=jnp.zeros((b, G), jnp.float32),
+                g=jnp.zeros((b,), jnp.int32), done=jnp.zeros((b,), bool), cycle=jnp.int32(0),
+                row_cycles=jnp.zeros((b,), jnp.int32), accepted_sum=jnp.int32(0),
+                accepted_at=jnp.zeros((positions,), jnp.int32), reached_at=jnp.zeros((positions,), jnp.int32),
+                presence=decoding.initial_presence(prompts, lengths, config.vocab_size, gcfg))
+
+
+def running(max_cycles: Array, gcfg: GenerationConfig):
+    """The loop condition: a row still running and cycles left (at most `max_new_tokens`: each cycle
+    yields a token)."""
+    return lambda s: jnp.any(~s["done"]) & (s["cycle"] < jnp.minimum(max_cycles, gcfg.max_new_tokens))
+
+
 @functools.partial(jax.jit, static_argnames=("config", "gcfg", "lora"))
 def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array, max_cycles: Array, *,
                 config: ModelConfig, gcfg: GenerationConfig, lora: LoraConfig | None = None) -> dict:
@@ -177,11 +195,11 @@ def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array,
     'num_forward_passes' [b], 'loop_passes', 'row_cycles' [b], 'accepted_sum', 'accepted_at' [F],
     'reached_at' [F], 'cache', 'seed' [b], 'positions' [b]}; `summarize` derives the statistics.
     """
-    F, G = gcfg.draft_length, gcfg.max_new_tokens
+    F = gcfg.draft_length
     drafter = gcfg.drafter
     b, P = prompts.shape
     greedy = gcfg.temperature == 0
-    eos, pad = decoding.special_ids(config, gcfg)
+    eos, _ = decoding.special_ids(config, gcfg)
     prompts = prompts.astype(jnp.int32)
     lengths = lengths.astype(jnp.int32)
 
@@ -193,15 +211,7 @@ def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array,
     idx_f = jnp.arange(F, dtype=jnp.int32)[None, :]
     idx_o = jnp.arange(F + 1, dtype=jnp.int32)[None, :]
 
-    state = dict(cache=cache, seed=seed, n=lengths, out=jnp.full((b, G), pad, jnp.int32),
-                 logprobs=jnp.zeros((b, G), jnp.float32),
-                 g=jnp.zeros((b,), jnp.int32), done=jnp.zeros((b,), bool), cycle=jnp.int32(0),
-                 row_cycles=jnp.zeros((b,), jnp.int32), accepted_sum=jnp.int32(0),
-                 accepted_at=jnp.zeros((F,), jnp.int32), reached_at=jnp.zeros((F,), jnp.int32),
-                 presence=decoding.initial_presence(prompts, lengths, config.vocab_size, gcfg))
-
-    def cond(s):
-        return jnp.any(~s["done"]) & (s["cycle"] < jnp.minimum(max_cycles, G))
+    state = dict(cache=cache, seed=seed, n=lengths, **loop_state(prompts, lengths, config, gcfg, F))
 
     def body(s):
         kc = jax.random.fold_in(key, s["cycle"])
@@ -242,7 +252,7 @@ def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array,
                     reached_at=s["reached_at"] + reached.sum(0).astype(jnp.int32),
                     presence=decoding.add_presence(s["presence"], new, write))
 
-    s = jax.lax.while_loop(cond, body, state)
+    s = jax.lax.while_loop(running(max_cycles, gcfg), body, state)
     return {"tokens": s["out"], "lengths": s["g"], "logprobs": s["logprobs"],
             "num_forward_passes": 1 + 2 * s["row_cycles"],
             "loop_passes": 1 + 2 * s["cycle"], "row_cycles": s["row_cycles"], "accepted_sum": s["accepted_sum"],
