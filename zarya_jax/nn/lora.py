@@ -54,6 +54,14 @@ def noise_tokens(key: jax.Array, shape: tuple[int, ...], vocab_size: int, mask_t
     return z + (z >= mask_token_id)  # skip the mask id, keep the rest uniform
 
 
+def redraft_tokens(tokens: jax.Array, drafts: jax.Array, seed: jax.Array) -> jax.Array:
+    """The input of a re-draft pass (docs/algorithms.md §7.6): the seed rows keep their tokens, every other row
+    i holds row i−1's draft (a row's draft is for the next position, so it becomes the input at that
+    position). tokens, drafts int [b, t]; seed bool [b, t], true on row 0 of every block."""
+    prev = jnp.concatenate([tokens[:, :1], drafts[:, :-1]], axis=1)
+    return jnp.where(seed, tokens, prev.astype(tokens.dtype))
+
+
 def projection_shapes(config: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
     """(in_shape, out_shape) of each projection's kernel, per layer (matches `model.Block`)."""
     d, h, kvh, hd, f = (config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim,
