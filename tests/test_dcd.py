@@ -1,5 +1,6 @@
 """Discrete consistency distillation of the LoRA drafter (docs/algorithms.md §7.6): the loss against an explicit
 per-block loop over the inference draft window, the teacher refresh schedule, and exact resume."""
+import dataclasses
 import json
 
 import jax
@@ -181,3 +182,23 @@ def test_teacher_refreshes_every_round_and_survives_a_resume(base_and_data, tmp_
     a, _ = lora_lib.load(tmp_path / "a" / "adapter")
     b, _ = lora_lib.load(tmp_path / "b" / "adapter")
     assert _equal(a, b)
+
+
+def test_a_tv_run_continues_with_dcd_teacher_from_its_last_params(base_and_data, tmp_path):
+    """A checkpoint without a teacher (objective=tv), resumed with --force as DCD: the teacher starts from the
+    restored params, i.e. the TV run's adapter."""
+    from zarya_jax.train import drafter as drafter_run
+    d = base_and_data
+    tv = _config(d / "train.jsonl", 0.5)
+    tv = dataclasses.replace(tv, drafter=dataclasses.replace(tv.drafter, objective="tv"),
+                             train=dataclasses.replace(tv.train, steps=3))
+    drafter_run.train_drafter(tv, str(d / "base"), str(tmp_path / "run"))
+    first, _ = lora_lib.load(tmp_path / "run" / "adapter")
+    rec = Record()
+    with pytest.raises(ConfigError, match="force"):
+        drafter_run.train_drafter(_config(d / "train.jsonl", 0.5), str(d / "base"), str(tmp_path / "run"))
+    summary = drafter_run.train_drafter(_config(d / "train.jsonl", 0.5), str(d / "base"), str(tmp_path / "run"),
+                                        force=True, hooks=[rec])
+    assert summary["status"] == "completed" and min(rec.seen) == 4
+    assert _equal(rec.seen[4][1], first)  # steps 4: teacher = the TV run's last params (refreshed at 5)
+    assert _equal(rec.seen[5][1], rec.seen[5][0]) and not _equal(rec.seen[6][1], rec.seen[6][0])

@@ -158,11 +158,21 @@ def _initial_state(setup: _Setup, ckpt: RunCheckpointer, train_iter, init_params
     written straight into the state shardings."""
     latest = ckpt.latest_step()
     verify = setup.run.train.verify_checkpoints
+    carry = setup.objective.init_carry
     if latest is not None:
+        saved = ckpt.read_meta(latest).get("checksums") or {}
+        if carry is not None and not any(k.startswith("['carry']") for k in saved):
+            # a checkpoint of an objective without a carry, resumed (forced) with one, e.g. a drafter trained
+            # with TV continued with DCD: the carry starts from the restored params
+            rest = {k: v for k, v in abstract_state.items() if k != "carry"}
+            state, _ = ckpt.restore(latest, abstract_like(rest, {k: state_sh[k] for k in rest}), train_iter,
+                                    verify=verify)
+            state["carry"] = jax.jit(carry, out_shardings=state_sh["carry"])(state["params"])
+            _log(f"resumed from {ckpt.directory}/{latest} (no carry saved: started from its params)")
+            return state
         state, _ = ckpt.restore(latest, abstract_like(abstract_state, state_sh), train_iter, verify=verify)
         _log(f"resumed from {ckpt.directory}/{latest}")
         return state
-    carry = setup.objective.init_carry
     from_params = jax.jit(lambda p: init_state(p, optimizer, run_key, carry), out_shardings=state_sh)
     if init_params is None and setup.init_config is not None:
         loaded, _ = ckpt_lib.load(setup.run.train.init_from, state_sh["params"], verify=verify)
