@@ -10,7 +10,7 @@ import pytest
 
 from zarya_jax import lora as lora_lib
 from zarya_jax import model as model_lib
-from zarya_jax.config import ConfigError
+from zarya_jax.config import ConfigError, PromptFormat
 from zarya_jax.nn import kv_cache
 from zarya_jax.objectives import dcd as dcd_lib
 from zarya_jax.objectives import drafter as drafter_lib
@@ -202,3 +202,22 @@ def test_a_tv_run_continues_with_dcd_teacher_from_its_last_params(base_and_data,
     assert summary["status"] == "completed" and min(rec.seen) == 4
     assert _equal(rec.seen[4][1], first)  # steps 4: teacher = the TV run's last params (refreshed at 5)
     assert _equal(rec.seen[5][1], rec.seen[5][0]) and not _equal(rec.seen[6][1], rec.seen[6][0])
+
+
+def test_experiment_drafter_section_reaches_the_drafter_run():
+    """`drafter.objective`, `drafter.dcd.*` and `drafter.layers` of an experiment config (a sweep's "with and
+    without DCD", "LoRA on the top half") become the drafter run's sections."""
+    import types
+
+    from zarya_jax import overrides as ov
+    from zarya_jax.experiment import config as exp_config
+    from zarya_jax.experiment import stages
+    cfg = exp_config.default_config()
+    cfg = dataclasses.replace(cfg, drafter=ov.build(exp_config.DrafterSection, {
+        "objective": "dcd", "dcd": {"passes": 3, "refresh_every": 7, "divergence": "tv"}, "layers": "top"}, "drafter."))
+    base = types.SimpleNamespace(tokenizer_spec="byte", prompt_format=PromptFormat())
+    run = stages.drafter_config(cfg, base, "train.jsonl")
+    assert run.drafter.objective == "dcd" and run.lora.layers == "top"
+    assert (run.dcd.passes, run.dcd.refresh_every, run.dcd.divergence) == (3, 7, "tv")
+    with pytest.raises(ConfigError, match="drafter.dcd.passes=1|dcd.passes=1"):
+        ov.build(exp_config.DrafterSection, {"dcd": {"passes": 1}}, "drafter.")

@@ -18,6 +18,7 @@ from ..data.pipeline import DataConfig
 from ..eval import tasks
 from ..eval.evaluate import EvalConfig, Knobs, ModeKnobs
 from ..eval.frontier import FrontierConfig
+from ..objectives.dcd import DcdConfig
 from ..objectives.drafter import DrafterConfig
 from ..train.config import RunConfig, TrainConfig
 from ..train.optim import OptimConfig
@@ -53,8 +54,11 @@ class TaskSection:
 class DrafterSection:
     """Uno's LoRA drafter, trained on the frozen checkpoint only when `eval.modes` has spec-lora (docs/algorithms.md §7):
     its adapter (`rank`, `alpha`), its optimizer (`lr`, `warmup_steps`) and its run (`steps`,
-    `batch_size`, the block curriculum `block_sizes`). The rest of its run comes from the experiment's
-    own sections (data, mesh, train) and the tokenizer and prompt format from the base checkpoint."""
+    `batch_size`, the block curriculum `block_sizes`), the layers that carry it (`layers`: all | top |
+    bottom | indices, `LoraConfig.layers`), its objective (`objective`: tv | dcd) and, for dcd, the
+    consistency-distillation knobs (`dcd.*`, `objectives.dcd.DcdConfig`). The rest of its run comes from the
+    experiment's own sections (data, mesh, train) and the tokenizer and prompt format from the base
+    checkpoint."""
 
     steps: int = 300
     rank: int = 16
@@ -63,6 +67,9 @@ class DrafterSection:
     warmup_steps: int = 20
     batch_size: int = 16
     block_sizes: tuple[int, ...] = (2, 4, 8)
+    layers: str | tuple[int, ...] = "all"
+    objective: str = "tv"
+    dcd: DcdConfig = DcdConfig()
 
     def __post_init__(self):
         for name in ("steps", "batch_size"):
@@ -71,10 +78,10 @@ class DrafterSection:
         self.lora_config(), self.objective_config()  # their own checks, now rather than after training
 
     def lora_config(self) -> LoraConfig:
-        return LoraConfig(rank=self.rank, alpha=self.alpha)
+        return LoraConfig(rank=self.rank, alpha=self.alpha, layers=self.layers)
 
     def objective_config(self) -> DrafterConfig:
-        return DrafterConfig(block_sizes=self.block_sizes)
+        return DrafterConfig(block_sizes=self.block_sizes, objective=self.objective)
 
 
 @dataclasses.dataclass(frozen=True)
