@@ -113,13 +113,13 @@ def base_and_data(tmp_path_factory):
     return d
 
 
-def _config(data, start: float):
+def _config(data, start: float, *more: str):
     from zarya_jax.train import drafter as drafter_run
     return drafter_run.load_config("tiny", [
         "lora.rank=8", "lora.alpha=64", "drafter.block_sizes=4", "drafter.objective=dcd", "dcd.passes=2",
         "dcd.refresh_every=2", f"dcd.start={start}", f"data.train={data}", "data.max_length=24", "data.batch_size=4",
         "data.chat_template=false", f"train.steps={STEPS}", "train.save_every=3", "train.eval_every=0",
-        "train.progress_bar=false", "train.async_checkpointing=false", "optim.warmup_steps=0", "optim.lr=0.01", "mesh.num_devices=2"])
+        "train.progress_bar=false", "train.async_checkpointing=false", "optim.warmup_steps=0", "optim.lr=0.01", "mesh.num_devices=2", *more])
 
 
 class Record:
@@ -189,16 +189,17 @@ def test_a_tv_run_continues_with_dcd_teacher_from_its_last_params(base_and_data,
     restored params, i.e. the TV run's adapter."""
     from zarya_jax.train import drafter as drafter_run
     d = base_and_data
-    tv = _config(d / "train.jsonl", 0.5)
+    tv = _config(d / "train.jsonl", 0.5, "train.eval_every=3")  # the held-out loss, with and without a carry
     tv = dataclasses.replace(tv, drafter=dataclasses.replace(tv.drafter, objective="tv"),
                              train=dataclasses.replace(tv.train, steps=3))
     drafter_run.train_drafter(tv, str(d / "base"), str(tmp_path / "run"))
     first, _ = lora_lib.load(tmp_path / "run" / "adapter")
     rec = Record()
+    dcd = _config(d / "train.jsonl", 0.5, "train.eval_every=3")
     with pytest.raises(ConfigError, match="force"):
-        drafter_run.train_drafter(_config(d / "train.jsonl", 0.5), str(d / "base"), str(tmp_path / "run"))
-    summary = drafter_run.train_drafter(_config(d / "train.jsonl", 0.5), str(d / "base"), str(tmp_path / "run"),
-                                        force=True, hooks=[rec])
+        drafter_run.train_drafter(dcd, str(d / "base"), str(tmp_path / "run"))
+    summary = drafter_run.train_drafter(dcd, str(d / "base"), str(tmp_path / "run"), force=True, hooks=[rec])
+    assert summary["eval_loss"] is not None and np.isfinite(summary["eval_loss"])
     assert summary["status"] == "completed" and min(rec.seen) == 4
     assert _equal(rec.seen[4][1], first)  # steps 4: teacher = the TV run's last params (refreshed at 5)
     assert _equal(rec.seen[5][1], rec.seen[5][0]) and not _equal(rec.seen[6][1], rec.seen[6][0])
