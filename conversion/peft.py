@@ -13,7 +13,9 @@ every token. What PEFT has no field for, the adapter's draft-input convention (`
 docs/algorithms.md §7.1), travels in a side file, `zarya_lora.json`, which PEFT ignores. Importing a PEFT adapter: projections
 or layers it does not target get zero factors (no update, as in PEFT); `use_rslora` scales by
 lora_alpha/√r, which becomes alpha = lora_alpha·√r; DoRA, per-module ranks, bias training, extra trained
-modules and `fan_in_fan_out` have no equivalent here and are refused.
+modules and `fan_in_fan_out` have no equivalent here and are refused. The layer selection
+(`LoraConfig.layers`) is PEFT's `layers_to_transform`: an adapter on some layers exports only their
+factors and lists them; an imported one with `layers_to_transform` keeps that selection.
 """
 from __future__ import annotations
 
@@ -57,16 +59,18 @@ def to_peft(adapter: dict, lora: LoraConfig, base_model: str | None = None) -> t
     except ValueError as e:
         raise ConversionError(str(e)) from None
     tensors = {}
+    num_layers = np.shape(adapter["layers"][lora_lib.PROJECTIONS[0]]["a"])[0]
+    chosen = lora.layer_ids(num_layers)
     for proj in lora_lib.PROJECTIONS:
         a, b = (np.asarray(adapter["layers"][proj][k]) for k in ("a", "b"))
-        for i in range(a.shape[0]):
+        for i in chosen:
             tensors[tensor_name(proj, i, "A")] = np.ascontiguousarray(a[i].T)
             tensors[tensor_name(proj, i, "B")] = np.ascontiguousarray(b[i].T)
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
               "r": lora.rank, "lora_alpha": _number(lora.alpha), "target_modules": sorted(lora_lib.PROJECTIONS),
               "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False, "use_rslora": False, "use_dora": False,
               "init_lora_weights": True, "inference_mode": True, "modules_to_save": None,
-              "layers_to_transform": None, "rank_pattern": {}, "alpha_pattern": {}}
+              "layers_to_transform": None if lora.layers == "all" else list(chosen), "rank_pattern": {}, "alpha_pattern": {}}
     return tensors, config
 
 
@@ -91,13 +95,28 @@ def _check_config(config: dict, where: str) -> tuple[int, float]:
     return r, float(alpha) * (math.sqrt(r) if config.get("use_rslora") else 1.0)
 
 
+def _layers_of(config: dict, where: str):
+    """LoraConfig.layers from PEFT's `layers_to_transform` (None: all layers; an index or a list)."""
+    chosen = config.get("layers_to_transform")
+    if chosen is None:
+        return "all"
+    if config.get("layers_pattern"):
+        raise ConversionError(f"{where}: layers_pattern={config['layers_pattern']!r} is not supported: expected "
+                              "layers_to_transform over Qwen3's decoder layers")
+    try:
+        return LoraConfig(layers=[chosen] if isinstance(chosen, int) else chosen).layers
+    except ValueError:
+        raise ConversionError(f"{where}: {CONFIG_FILE} field 'layers_to_transform' is {chosen!r}: expected null, "
+                              "a layer index or a list of distinct layer indices ≥ 0") from None
+
+
 def from_peft(tensors: dict[str, np.ndarray], config: dict, noise: str = "uniform",
               model_config: ModelConfig | None = None, where: str = "PEFT adapter") -> tuple[dict, LoraConfig]:
     """(our adapter, LoraConfig) from PEFT tensors and adapter_config.json. Projections and layers the
     adapter does not target get zero factors; their sizes come from the other layers or `model_config`
     (needed when a projection is targeted in no layer)."""
     rank, alpha = _check_config(config, where)
-    lora = LoraConfig(rank=rank, alpha=alpha, noise=noise)
+    lora = LoraConfig(rank=rank, alpha=alpha, noise=noise, layers=_layers_of(config, where))
     found: dict[tuple[str, int], dict[str, np.ndarray]] = {}
     for name, arr in tensors.items():
         m = _NAME.fullmatch(name)
@@ -106,6 +125,13 @@ def from_peft(tensors: dict[str, np.ndarray], config: dict, noise: str = "unifor
                                   f"{tensor_name('q_proj', 0, 'A')!r} (LoRA factors of Qwen3's seven projections)")
         found.setdefault((_PROJECTION_OF[m.group(2)], int(m.group(1))), {})[m.group(3)] = np.asarray(arr)
     layers = model_config.num_layers if model_config else 1 + max((i for _, i in found), default=-1)
+    try:
+        chosen = lora.layer_ids(layers)
+    except ValueError as e:
+        raise ConversionError(f"{where}: {e}") from None
+    stray = sorted({i for _, i in found} - set(chosen))
+    if stray:
+        raise ConversionError(f"{where}: factors for layer(s) {stray}, outside its layers_to_transform {list(chosen)}")
     shapes = lora_lib.projection_shapes(model_config) if model_config else {}
     adapter: dict = {"layers": {}}
     for proj in lora_lib.PROJECTIONS:

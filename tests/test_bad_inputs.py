@@ -157,6 +157,12 @@ CASES = [
     ("drafter/mask-noise", train_drafter, "--base {nomask} --workdir {root}/w --set data.train={data} "
      "--set lora.noise=mask", "needs a mask token"),
     ("drafter/unknown-key", train_drafter, "--base {ckpt} --workdir {root}/w --set lora.rnk=4", "lora.rnk"),
+    ("drafter/layers-name", train_drafter, "--base {ckpt} --workdir {root}/w --set data.train={data} "
+     "--set lora.layers=middle", "LoraConfig.layers='middle'"),
+    ("drafter/layers-beyond", train_drafter, "--base {ckpt} --workdir {root}/w --set data.train={data} "
+     "--set lora.layers=0,99", "LoraConfig.layers=(0, 99)"),
+    ("drafter/dcd-passes", train_drafter, "--base {ckpt} --workdir {root}/w --set data.train={data} "
+     "--set drafter.objective=dcd --set dcd.passes=1", "dcd.passes=1"),
     ("drafter/workdir-file", train_drafter, "--base {ckpt} --workdir {file} --set data.train={data}",
      "not a directory"),
     # ---- python -m experiments.generate
@@ -166,6 +172,8 @@ CASES = [
     ("generate/knob-for-other-mode", generate, "--ckpt {ckpt} --prompt hi --mode ar --set slot_size=4",
      "not read by mode 'ar'"),
     ("generate/no-mask", generate, "--ckpt {nomask} --prompt hi --mode mdm", "needs a mask token"),
+    ("generate/passes-self", generate, "--ckpt {ckpt} --prompt hi --mode spec --set drafter=self --set draft_passes=2",
+     "draft_passes=2 re-drafts with the LoRA drafter"),
     ("generate/output-dir", generate, "--ckpt {ckpt} --prompt hi --output {badtok}", "is a directory"),
     ("generate/output-under-file", generate, "--ckpt {ckpt} --prompt hi --output {file}/o.jsonl", "not a directory"),
     ("generate/bad-lora", generate, "--ckpt {ckpt} --prompt hi --mode spec --lora {lora}", "not a safetensors file"),
@@ -258,6 +266,7 @@ CASES = [
     ("bench/generate-modes", bench, "--out {root}/b generate --modes beam", "--modes 'beam'"),
     ("bench/generate-flipped", bench, "--out {root}/b generate --ckpt {flipped} --no-hf", "is damaged"),
     ("bench/spec-drafters", bench, "--out {root}/b spec --drafters x", "--drafters='x'"),
+    ("bench/spec-passes", bench, "--out {root}/b spec --draft-passes 0", "--draft-passes='0'"),
     ("bench/spec-ckpt-missing", bench, "--out {root}/b spec --ckpt {root}/nope --drafters self", "does not exist"),
     ("bench/out-file", bench, "--out {file} transforms", "not a directory"),
     ("bench/train-batch", bench, "--out {root}/b train --batch 0", "--batch=0"),

@@ -105,6 +105,26 @@ def test_adapter_made_by_peft_imports_exactly(models, tmp_path):
     assert not any(after[n].any() for n in set(after) - set(before))
 
 
+def test_adapter_on_some_layers_exports_as_layers_to_transform(models, tmp_path):
+    """`LoraConfig.layers="top"` (layer 1 of 2): PEFT gets that layer's factors and layers_to_transform=[1], and
+    its merged model is our gate-on drafter (whose layer 0 runs the base, whatever its entries hold)."""
+    d = models["dir"]
+    cfg = LoraConfig(rank=4, alpha=8.0, noise="mask", layers="top")
+    lora.save(tmp_path / "top", models["adapter"], cfg)
+    assert lora_to_peft.main(["--adapter", str(tmp_path / "top"), "--out", str(tmp_path / "peft")]) == 0
+    config = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+    assert config["layers_to_transform"] == [1]
+    assert {int(re.search(r"layers\.(\d+)\.", n).group(1)) for n in load_file(
+        str(tmp_path / "peft" / "adapter_model.safetensors"))} == {1}
+    base = AutoModelForCausalLM.from_pretrained(d / "hf", dtype=torch.float32)
+    merged = PeftModel.from_pretrained(base, tmp_path / "peft").merge_and_unload()
+    want = gate_on_logits(models["params"], models["adapter"], cfg)
+    assert np.abs(hf_logits(merged) - want).max() < 1e-4
+    assert np.abs(want - gate_on_logits(models["params"], models["adapter"], models["lora"])).max() > 1e-3
+    assert peft_to_lora.main(["--peft", str(tmp_path / "peft"), "--out", str(tmp_path / "back")]) == 0
+    assert lora.load(tmp_path / "back")[1] == LoraConfig(rank=4, alpha=8.0, noise="mask", layers=(1,))  # PEFT lists ids
+
+
 def test_unsupported_peft_adapters_are_one_error_line(models, tmp_path, capsys):
     d = models["dir"]
     bad = tmp_path / "dora"

@@ -61,12 +61,14 @@ def test_accept_residual_reproduces_p(greedy):
 _prompts = ragged_prompts
 
 
-CASES = [  # (model, drafter, F, adapter)
-    ("random", "lora", 2, "untrained"),
-    ("random", "self", 3, None),
-    ("trained", "lora", 5, "trained"),
-    ("trained", "lora", 5, "untrained"),
-    ("trained", "self", 4, None),
+CASES = [  # (model, drafter, F, adapter, draft passes)
+    ("random", "lora", 2, "untrained", 1),
+    ("random", "self", 3, None, 1),
+    ("trained", "lora", 5, "trained", 1),
+    ("trained", "lora", 5, "untrained", 1),
+    ("trained", "self", 4, None, 1),
+    ("random", "lora", 3, "untrained", 2),
+    ("trained", "lora", 5, "trained", 3),
 ]
 
 
@@ -79,8 +81,8 @@ def _setup(model: str, adapter):
     return params, lp, eos
 
 
-@pytest.mark.parametrize("model,drafter,f,adapter", CASES)
-def test_greedy_identical_to_ar(model, drafter, f, adapter):
+@pytest.mark.parametrize("model,drafter,f,adapter,passes", CASES)
+def test_greedy_identical_to_ar(model, drafter, f, adapter, passes):
     params, lp, eos = _setup(model, adapter)
     prompts = _prompts(model == "trained")
     base = GenerationConfig(mode="ar", max_new_tokens=24, eos_token_id=eos)
@@ -89,15 +91,17 @@ def test_greedy_identical_to_ar(model, drafter, f, adapter):
         eos = int(generate(params, CFG, prompts, base.replace(stop_at_eos=False), jax.random.PRNGKey(0)).tokens[0, 2])
         base = base.replace(eos_token_id=eos)
     ref = generate(params, CFG, prompts, base, jax.random.PRNGKey(0))
-    out = generate(params, CFG, prompts, base.replace(mode="spec", draft_length=f, drafter=drafter),
-                   jax.random.PRNGKey(1), lora_params=lp, lora=LORA)
+    out = generate(params, CFG, prompts, base.replace(mode="spec", draft_length=f, drafter=drafter,
+                                                      draft_passes=passes), jax.random.PRNGKey(1), lora_params=lp, lora=LORA)
     np.testing.assert_array_equal(out.lengths, ref.lengths)
     np.testing.assert_array_equal(out.tokens, ref.tokens)
     st = out.stats
     assert 1.0 <= st["accepted_per_cycle"] <= f and st["acceptance_by_position"][0] == 1.0
     assert len(st["acceptance_by_position"]) == f
-    # each row needs ceil-ish(len / tokens per cycle) cycles, two passes each, plus the prefill
-    assert (out.num_forward_passes >= 1 + 2 * np.ceil(out.lengths / (f + 1))).all()
+    # each row needs ceil-ish(len / tokens per cycle) cycles, passes + 1 forwards each, plus the prefill
+    assert (out.num_forward_passes >= 1 + (passes + 1) * np.ceil(out.lengths / (f + 1))).all()
+    assert ((out.num_forward_passes - 1) % (passes + 1) == 0).all()
+    assert st["tokens_per_forward"] == pytest.approx(out.lengths.sum() / (out.num_forward_passes - 1).sum())
     if model == "trained":
         assert out.lengths[0] <= 3
 
@@ -268,10 +272,10 @@ def test_cache_after_each_cycle_equals_ar_recompute():
 SMALL = SPEC_SMALL
 
 
-@pytest.mark.parametrize("drafter", ["lora", "self"])
-def test_first_two_tokens_joint_distribution(drafter):
-    """Histogram of (token 1, token 2) from Ψ-Spec (temperature 1, F = 3) vs the AR model's exact
-    two-token distribution, enumerated with full forwards."""
+@pytest.mark.parametrize("drafter,passes", [("lora", 1), ("self", 1), ("lora", 2)])
+def test_first_two_tokens_joint_distribution(drafter, passes):
+    """Histogram of (token 1, token 2) from Ψ-Spec (temperature 1, F = 3; the LoRA drafter also with two
+    draft passes) vs the AR model's exact two-token distribution, enumerated with full forwards."""
     params = sharp_params(SMALL, 11)  # a non-flat p
     small_lora = LoraConfig(rank=2, alpha=4.0)
     lp = jax.tree.map(lambda x: x + 0.3, lora_lib.init_lora(SMALL, small_lora, jax.random.PRNGKey(12)))
@@ -281,7 +285,8 @@ def test_first_two_tokens_joint_distribution(drafter):
     exact = two_token_distribution(params, SMALL, prompt, v)
 
     n = 60_000
-    gc = GenerationConfig(mode="spec", max_new_tokens=2, temperature=1.0, draft_length=3, drafter=drafter)
+    gc = GenerationConfig(mode="spec", max_new_tokens=2, temperature=1.0, draft_length=3, drafter=drafter,
+                          draft_passes=passes)
     tokens = jnp.broadcast_to(jnp.asarray(prompt, jnp.int32), (n, len(prompt)))
     raw = spec.spec_decode(params, lp if drafter == "lora" else None, tokens, jnp.full((n,), len(prompt), jnp.int32),
                            jax.random.PRNGKey(13), jnp.int32(2), config=SMALL, gcfg=gc,

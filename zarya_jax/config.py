@@ -198,6 +198,29 @@ class ZaryaConfig:
 
 
 LORA_NOISE = ("uniform", "mask")
+# `LoraConfig.layers`: the named layer selections (or an explicit tuple of layer indices).
+LORA_LAYERS = ("all", "top", "bottom")
+
+
+def _layer_selection(value: Any) -> str | tuple[int, ...]:
+    """`LoraConfig.layers` normalised: a name of LORA_LAYERS, or a sorted tuple of distinct indices ≥ 0
+    (from a tuple/list, one int, or a comma string such as "0,2")."""
+    if isinstance(value, str) and value.strip() in LORA_LAYERS:
+        return value.strip()
+    items = value.split(",") if isinstance(value, str) else value if isinstance(value, (list, tuple)) else [value]
+    ids = []
+    for item in items:
+        text = item.strip() if isinstance(item, str) else item
+        if isinstance(text, str) and text.isdigit():
+            text = int(text)
+        if isinstance(text, bool) or not isinstance(text, int) or text < 0:
+            ids = None
+            break
+        ids.append(text)
+    if not ids or len(set(ids)) != len(ids):
+        raise ConfigError(f"LoraConfig.layers={value!r}: expected one of {LORA_LAYERS} or a list of distinct "
+                          "layer indices ≥ 0 (e.g. 0,2,3)")
+    return tuple(sorted(ids))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,21 +230,41 @@ class LoraConfig:
     `noise` is the adapter's input convention, fixed by its training and saved with it: the draft rows
     hold uniform random ids ("uniform", never the mask id) or the mask token ("mask"), in training
     (`objectives.drafter`) and in the Ψ-Spec draft pass (`sampling.spec`) alike.
+    `layers`: the decoder layers that carry the adapter — "all", "top" (the upper half, layers
+    n//2 … n−1), "bottom" (layers 0 … n//2 − 1) or a tuple of layer indices; in the other layers every
+    row computes the base projection, gate or not (`layer_ids`).
     """
 
     rank: int = 128
     alpha: float = 2048.0
     noise: str = "uniform"
+    layers: str | tuple[int, ...] = "all"
 
     def __post_init__(self):
         if self.rank < 1:
             raise ConfigError(f"LoraConfig.rank={self.rank}: expected ≥ 1")
         if self.noise not in LORA_NOISE:
             raise ConfigError(f"LoraConfig.noise={self.noise!r}: expected one of {LORA_NOISE}")
+        object.__setattr__(self, "layers", _layer_selection(self.layers))
 
     @property
     def scale(self) -> float:
         return self.alpha / self.rank
+
+    def layer_ids(self, num_layers: int) -> tuple[int, ...]:
+        """The indices of the layers that carry the adapter in a model of `num_layers` layers; a selection
+        that is empty or names a layer the model lacks is a ConfigError naming it."""
+        named = {"all": range(num_layers), "top": range(num_layers // 2, num_layers),
+                 "bottom": range(num_layers // 2)}
+        ids = tuple(named[self.layers]) if isinstance(self.layers, str) else self.layers
+        if not ids or ids[-1] >= num_layers:
+            raise ConfigError(f"LoraConfig.layers={self.layers!r}: selects layers {list(ids)}, but the model has "
+                              f"{num_layers} layer(s) (indices 0 … {num_layers - 1})")
+        return ids
+
+    def layers_text(self) -> str:
+        """`layers` as one string ("all", "top", "bottom" or "0,2,3"), as adapter metadata stores it."""
+        return self.layers if isinstance(self.layers, str) else ",".join(map(str, self.layers))
 
 
 @dataclasses.dataclass(frozen=True)

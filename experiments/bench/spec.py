@@ -2,7 +2,7 @@
 over the AR sampler, for the gated-LoRA drafter and for Zarya self-speculation.
 
     python -m experiments.bench spec [--ckpt CKPT [--prompts-file test.jsonl]] [--adapter DIR]
-        [--draft-lengths 4,8,16] [--batch-sizes 1,8,32] [--drafters lora,self] [--max-new-tokens 128]
+        [--draft-lengths 4,8,16] [--batch-sizes 1,8,32] [--drafters lora,self] [--draft-passes 1,2] [--max-new-tokens 128]
         [--temperature 0] [--repeats 3]
 
 Without --ckpt the script makes its own small model: a Qwen3 trained for a few hundred steps on a
@@ -40,12 +40,13 @@ SMALL_CONFIG = tiny_config(hidden_size=128, intermediate_size=384, num_layers=4,
 
 def measure(ckpt: str | None = None, adapter: str | None = None, *, draft_lengths=(4, 8, 16), batch_sizes=(1, 8, 32),
         max_new_tokens: int = 128, prompt_length: int = 16, temperature: float = 0.0, repeats: int = 3,
-        drafters=("lora", "self"), pretrain_steps: int = 300, drafter_steps: int = 200, lora_rank: int = 16,
+        drafters=("lora", "self"), draft_passes=(1,), pretrain_steps: int = 300, drafter_steps: int = 200, lora_rank: int = 16,
         lora_alpha: float = 256.0, seed: int = 0, prompts_file: str | None = None, size: str = "small",
         train_length: int = 64, log=print, verify: bool = True) -> dict:
     """Measures Ψ-Spec against the AR sampler (module doc). Returns {'setup': …, 'results': [row, …]}
     with one row per (drafter, F, batch): accepted_per_cycle, tokens_per_cycle, tokens_per_forward,
-    acceptance_by_position, ar_s, spec_s (best of `repeats`), speedup = ar_s / spec_s.
+    acceptance_by_position, ar_s, spec_s (best of `repeats`), speedup = ar_s / spec_s. draft_passes: the
+    LoRA drafter's passes per cycle to measure (`GenerationConfig.draft_passes`; a row each).
 
     size: the synthetic model, "small" (4 layers × 128d) or "tiny" (2 × 64d; minutes on a busy CPU);
     train_length: sequence length of its pretraining and drafter batches.
@@ -107,14 +108,15 @@ def measure(ckpt: str | None = None, adapter: str | None = None, *, draft_length
             prompts = [list(map(int, r[: int(rng.integers(prompt_length // 2, prompt_length + 1))])) for r in rows]
         base = GenerationConfig(mode="ar", max_new_tokens=max_new_tokens, temperature=temperature,
                                 prompt_bucket=prompt_length)
-        configs = [(d, f) for d in drafters for f in draft_lengths]
+        configs = [(d, f, k) for d in drafters for f in draft_lengths for k in (draft_passes if d == "lora" else (1,))]
         key = jax.random.PRNGKey(seed)
 
         def call(gc):
             out = generate(params, config, prompts, gc, key, lora_params=lora_params, lora=lora)
             return out
 
-        gcs = {None: base, **{(d, f): base.replace(mode="spec", drafter=d, draft_length=f) for d, f in configs}}
+        gcs = {None: base, **{(d, f, k): base.replace(mode="spec", drafter=d, draft_length=f, draft_passes=k)
+                              for d, f, k in configs}}
         outs = {k: call(gc) for k, gc in gcs.items()}  # compile + warm up
         best = {k: np.inf for k in gcs}
         for _ in range(repeats):  # interleaved: AR and every spec config see the same machine load
@@ -122,16 +124,17 @@ def measure(ckpt: str | None = None, adapter: str | None = None, *, draft_length
                 _, dt = timed(lambda: call(gc))
                 best[k] = min(best[k], dt)
         ar = outs[None]
-        for d, f in configs:
-            st = outs[(d, f)].stats
-            same = bool(np.array_equal(outs[(d, f)].tokens, ar.tokens)) if temperature == 0 else None
-            row = {"drafter": d, "draft_length": f, "batch": b, "accepted_per_cycle": st["accepted_per_cycle"],
+        for d, f, k in configs:
+            st = outs[(d, f, k)].stats
+            same = bool(np.array_equal(outs[(d, f, k)].tokens, ar.tokens)) if temperature == 0 else None
+            row = {"drafter": d, "draft_length": f, "draft_passes": k, "batch": b,
+                   "accepted_per_cycle": st["accepted_per_cycle"],
                    "tokens_per_cycle": st["tokens_per_cycle"], "tokens_per_forward": st["tokens_per_forward"],
                    "acceptance_by_position": [round(x, 3) for x in st["acceptance_by_position"]],
-                   "ar_s": best[None], "spec_s": best[(d, f)], "speedup": best[None] / best[(d, f)],
-                   "identical_to_ar": same, "generated_tokens": int(outs[(d, f)].lengths.sum())}
+                   "ar_s": best[None], "spec_s": best[(d, f, k)], "speedup": best[None] / best[(d, f, k)],
+                   "identical_to_ar": same, "generated_tokens": int(outs[(d, f, k)].lengths.sum())}
             results.append(row)
-            log(f"B={b:3d} {d:4s} F={f:2d}: accepted/cycle {row['accepted_per_cycle']:.2f}  tokens/forward "
+            log(f"B={b:3d} {d:4s} F={f:2d} passes={k}: accepted/cycle {row['accepted_per_cycle']:.2f}  tokens/forward "
                 f"{row['tokens_per_forward']:.2f}  AR {row['ar_s'] * 1e3:.0f} ms  spec {row['spec_s'] * 1e3:.0f} ms  "
                 f"speed-up {row['speedup']:.2f}×  identical={same}")
     return {"setup": setup, "results": results}
@@ -153,6 +156,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-lengths", default="4,8,16")
     p.add_argument("--batch-sizes", default="1,8,32")
     p.add_argument("--drafters", default="lora,self", help="lora, self or both")
+    p.add_argument("--draft-passes", default="1", help="the LoRA drafter's draft passes per cycle, e.g. 1,2,3")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--prompt-length", type=int, default=16)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -177,10 +181,10 @@ def run(args) -> tuple[dict, str]:
     result = measure(args.ckpt, args.adapter, draft_lengths=_ints(args.draft_lengths, "--draft-lengths"),
                      batch_sizes=_ints(args.batch_sizes, "--batch-sizes"), max_new_tokens=args.max_new_tokens,
                      prompt_length=args.prompt_length, temperature=args.temperature, repeats=args.repeats,
-                     drafters=drafters, pretrain_steps=args.pretrain_steps, drafter_steps=args.drafter_steps,
+                     drafters=drafters, draft_passes=_ints(args.draft_passes, "--draft-passes"), pretrain_steps=args.pretrain_steps, drafter_steps=args.drafter_steps,
                      prompts_file=args.prompts_file, size=args.size, train_length=args.train_length,
                      verify=not args.no_verify)
     head = "".join(f"{k}: {v}\n\n" for k, v in result["setup"].items() if k in ("model", "adapter", "prompts"))
-    cols = ["drafter", "draft_length", "batch", "accepted_per_cycle", "tokens_per_cycle", "tokens_per_forward",
+    cols = ["drafter", "draft_length", "draft_passes", "batch", "accepted_per_cycle", "tokens_per_cycle", "tokens_per_forward",
             "ar_s", "spec_s", "speedup", "identical_to_ar"]
     return result, head + markdown_table(result["results"], cols)

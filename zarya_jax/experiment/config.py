@@ -20,6 +20,7 @@ from ..eval import tasks
 from ..eval.evaluate import EvalConfig, Knobs, ModeKnobs
 from ..eval.frontier import FrontierConfig
 from ..objectives.distill import LOSSES as DRAFT_LOSSES
+from ..objectives.dcd import DcdConfig
 from ..objectives.drafter import DrafterConfig
 from ..train.config import RunConfig, TrainConfig
 from ..train.optim import OptimConfig
@@ -56,13 +57,14 @@ class TaskSection:
 @dataclasses.dataclass(frozen=True)
 class DrafterSection:
     """Uno's LoRA drafter, trained on the frozen checkpoint only when `eval.modes` has spec-lora (docs/algorithms.md §7):
-    its adapter (`rank`, `alpha`, the `noise` convention of its draft rows), its objective (the block
-    curriculum `block_sizes`, the loss weights `tv_weight`, `ce_weight`, `kl_weight`), its optimizer (`lr`,
-    `warmup_steps`) and its run (`steps`, `batch_size`). The rest of its run comes from the experiment's
-    own sections (data, mesh, train) and the tokenizer and prompt format from the base checkpoint.
-    `task_difficulty` (0: the task's) and `task_seed` (-1: the task's) train it on shifted data instead:
-    the embedded task at another difficulty or seed (the held-out splits' prompts excluded), while it is
-    still evaluated on the experiment's own test split."""
+    its adapter (`rank`, `alpha`, the `noise` convention of its draft rows, the `layers` that carry it: all |
+    top | bottom | indices, `LoraConfig.layers`), its objective (the block curriculum `block_sizes`, the loss
+    weights `tv_weight`, `ce_weight`, `kl_weight`, and `objective`: tv | dcd, with the consistency-distillation
+    knobs `dcd.*`, `objectives.dcd.DcdConfig`), its optimizer (`lr`, `warmup_steps`) and its run (`steps`,
+    `batch_size`). The rest of its run comes from the experiment's own sections (data, mesh, train) and the
+    tokenizer and prompt format from the base checkpoint. `task_difficulty` (0: the task's) and `task_seed`
+    (-1: the task's) train it on shifted data instead: the embedded task at another difficulty or seed (the
+    held-out splits' prompts excluded), while it is still evaluated on the experiment's own test split."""
 
     steps: int = 300
     rank: int = 16
@@ -77,6 +79,9 @@ class DrafterSection:
     kl_weight: float = 0.0
     task_difficulty: int = 0
     task_seed: int = -1
+    layers: str | tuple[int, ...] = "all"
+    objective: str = "tv"
+    dcd: DcdConfig = DcdConfig()
 
     def __post_init__(self):
         for name in ("steps", "batch_size"):
@@ -86,18 +91,18 @@ class DrafterSection:
             tasks.task_config(self.task_difficulty)
         if self.task_seed < -1:
             raise ConfigError(f"drafter.task_seed={self.task_seed}: expected a seed ≥ 0, or -1 (the task's own)")
+        self.lora_config(), self.objective_config()  # their own checks, now rather than after training
 
     def shifted(self) -> bool:
         """Whether the drafter trains on other data than the base (another difficulty or task seed)."""
         return bool(self.task_difficulty) or self.task_seed >= 0
-        self.lora_config(), self.objective_config()  # their own checks, now rather than after training
 
     def lora_config(self) -> LoraConfig:
-        return LoraConfig(rank=self.rank, alpha=self.alpha, noise=self.noise)
+        return LoraConfig(rank=self.rank, alpha=self.alpha, noise=self.noise, layers=self.layers)
 
     def objective_config(self) -> DrafterConfig:
         return DrafterConfig(block_sizes=self.block_sizes, tv_weight=self.tv_weight, ce_weight=self.ce_weight,
-                             kl_weight=self.kl_weight)
+                             kl_weight=self.kl_weight, objective=self.objective)
 
 
 @dataclasses.dataclass(frozen=True)

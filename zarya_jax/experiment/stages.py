@@ -128,7 +128,7 @@ def drafter_config(config: ExperimentConfig, base: Inference, train_file: str) -
     return drafter_run.DrafterRunConfig(
         model=config.model, zarya=config.zarya, mesh=config.mesh, data=data, train=run,
         optim=OptimConfig(lr=d.lr, warmup_steps=d.warmup_steps, schedule="cosine", weight_decay=0.0),
-        lora=d.lora_config(), drafter=d.objective_config())
+        lora=d.lora_config(), drafter=d.objective_config(), dcd=d.dcd)
 
 
 def drafter_data(config: ExperimentConfig, splits: Splits, workdir: str) -> str:

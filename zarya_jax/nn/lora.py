@@ -8,8 +8,9 @@ projections; the update of a projection is `x @ a @ b * alpha / rank` with `b` z
 adapter drafts exactly like the AR model.
 
 Adapters are saved apart from the base weights as one safetensors file (`adapter.safetensors`, keys
-`layers.<proj>.<a|b>`) with the rank, alpha and noise convention in its metadata, so an adapter of a
-few hundred MB can be shipped and swapped without touching the base checkpoint, and is always sampled
+`layers.<proj>.<a|b>`) with the rank, alpha, noise convention and layer selection in its metadata
+(`LoraConfig.layers`: the arrays stay stacked over all layers whatever the selection, the unselected
+layers' entries unused and left as initialised, `b = 0`), so an adapter of a few hundred MB can be shipped and swapped without touching the base checkpoint, and is always sampled
 with the noise it was trained on. The metadata also holds a checksum of every array (`nn.integrity`),
 verified at load as a checkpoint's are: a damaged or unreadable file, or one without checksums (unless
 `verify=False`), is a `CheckpointError` naming it. Save and load also refuse what no trained adapter
@@ -30,7 +31,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from ..config import LORA_NOISE, ConfigError, LoraConfig, ModelConfig
+from ..config import LORA_LAYERS, LORA_NOISE, ConfigError, LoraConfig, ModelConfig
 from ..files import atomic_directory
 from .integrity import CheckpointError, array_checksums, compare, describe_error
 
@@ -51,6 +52,14 @@ def noise_tokens(key: jax.Array, shape: tuple[int, ...], vocab_size: int, mask_t
         return jax.random.randint(key, shape, 0, vocab_size, jnp.int32)
     z = jax.random.randint(key, shape, 0, vocab_size - 1, jnp.int32)
     return z + (z >= mask_token_id)  # skip the mask id, keep the rest uniform
+
+
+def redraft_tokens(tokens: jax.Array, drafts: jax.Array, seed: jax.Array) -> jax.Array:
+    """The input of a re-draft pass (docs/algorithms.md §7.7): the seed rows keep their tokens, every other row
+    i holds row i−1's draft (a row's draft is for the next position, so it becomes the input at that
+    position). tokens, drafts int [b, t]; seed bool [b, t], true on row 0 of every block."""
+    prev = jnp.concatenate([tokens[:, :1], drafts[:, :-1]], axis=1)
+    return jnp.where(seed, tokens, prev.astype(tokens.dtype))
 
 
 def projection_shapes(config: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
@@ -79,7 +88,9 @@ def init_lora(config: ModelConfig, lora: LoraConfig, key: jax.Array) -> dict:
 
 
 def check_lora(lora_params: dict, config: ModelConfig, lora: LoraConfig) -> None:
-    """Raises ConfigError naming the first adapter array whose shape does not fit `config` / `lora`."""
+    """Raises ConfigError naming the first adapter array whose shape does not fit `config` / `lora`, or a
+    `lora.layers` selection the model does not have."""
+    lora.layer_ids(config.num_layers)
     if set(lora_params) != {"layers"} or set(lora_params["layers"]) != set(PROJECTIONS):
         got = sorted(lora_params.get("layers", lora_params))
         raise ConfigError(f"LoRA params have projections {got}: expected {sorted(PROJECTIONS)} under 'layers'")
@@ -100,13 +111,17 @@ def num_params(lora_params: dict) -> int:
 def merge(params: dict, lora_params: dict, lora: LoraConfig) -> dict:
     """Base params with the adapter folded in: `kernel + reshape(a @ b) * alpha/rank` (fp32 sum).
 
-    The merged model equals the adapter model with the gate on for every token (the pure drafter).
+    The merged model equals the adapter model with the gate on for every token (the pure drafter); layers
+    outside `lora.layers` keep their base kernels.
     """
     layers = dict(params["layers"])
+    num_layers = layers[PROJECTIONS[0]]["kernel"].shape[0]
+    chosen = lora.layer_ids(num_layers)
+    on = jnp.asarray([i in chosen for i in range(num_layers)], jnp.float32)[:, None, None]
     for name in PROJECTIONS:
         kernel = layers[name]["kernel"]
         ad = lora_params["layers"][name]
-        delta = jnp.einsum("lir,lro->lio", ad["a"].astype(jnp.float32), ad["b"].astype(jnp.float32))
+        delta = jnp.einsum("lir,lro->lio", ad["a"].astype(jnp.float32), ad["b"].astype(jnp.float32)) * on
         delta = delta.reshape(kernel.shape) * lora.scale
         layers[name] = {**layers[name], "kernel": (kernel.astype(jnp.float32) + delta).astype(kernel.dtype)}
     return {**params, "layers": layers}
@@ -135,7 +150,7 @@ def _name(path) -> str:
 def save(path: str | os.PathLike, lora_params: dict, lora: LoraConfig, extra: dict[str, str] | None = None) -> Path:
     """Writes `<path>/adapter.safetensors` (atomically: temp dir, then rename). Returns the file path.
 
-    The metadata holds the rank, alpha and noise convention; `extra`: more string metadata stored in
+    The metadata holds the rank, alpha, noise convention and layer selection; `extra`: more string metadata stored in
     the file, see `metadata`. An adapter with a non-finite array or alpha is refused (ConfigError) before
     anything is written.
     """
@@ -151,7 +166,7 @@ def save(path: str | os.PathLike, lora_params: dict, lora: LoraConfig, extra: di
     with atomic_directory(path, overwrite=True) as tmp:
         save_file(flat, os.path.join(tmp, ADAPTER_FILE),
                   metadata={**(extra or {}), "rank": str(lora.rank), "alpha": repr(float(lora.alpha)),
-                            "noise": lora.noise, "format": FORMAT,
+                            "noise": lora.noise, "layers": lora.layers_text(), "format": FORMAT,
                             "checksums": json.dumps(array_checksums(flat))})
     return path / ADAPTER_FILE
 
@@ -198,11 +213,22 @@ def _config(meta: dict[str, str], where: str) -> LoraConfig:
         return value if math.isfinite(value) and value > 0 else None
 
     field("format", lambda text: text if text == FORMAT else None, repr(FORMAT), default=FORMAT)
-    # adapters written before the noise convention was recorded were all trained with uniform noise
+    # adapters written before the noise convention (the layer selection) was recorded were all trained with
+    # uniform noise (on all layers)
     return LoraConfig(rank=field("rank", positive_int, "a positive integer"),
                       alpha=field("alpha", positive_float, "a finite number > 0"),
                       noise=field("noise", lambda text: text if text in LORA_NOISE else None,
-                                  f"one of {LORA_NOISE}", default="uniform"))
+                                  f"one of {LORA_NOISE}", default="uniform"),
+                      layers=field("layers", _parse_layers, f"one of {LORA_LAYERS} or comma-separated layer indices",
+                                   default="all"))
+
+
+def _parse_layers(text: str):
+    """A metadata `layers` field as LoraConfig.layers (None when it is not one)."""
+    try:
+        return LoraConfig(layers=text).layers
+    except ConfigError:
+        return None
 
 
 def _recorded_checksums(meta: dict[str, str], where: str) -> dict:
@@ -253,6 +279,10 @@ def load(path: str | os.PathLike, dtype=None, verify: bool = True) -> tuple[dict
         compare(_recorded_checksums(meta, where), array_checksums(flat), repr(str(file)))
     cfg = _config(meta, where)
     params = _nest(flat, cfg, where)
+    try:
+        cfg.layer_ids(params["layers"][PROJECTIONS[0]]["a"].shape[0])
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
     check_values(flat, cfg, where)
     cast = (lambda x: jnp.asarray(x)) if dtype is None else (lambda x: jnp.asarray(x).astype(dtype))
     return jax.tree.map(cast, params), cfg

@@ -18,7 +18,9 @@ Gated LoRA (docs/algorithms.md §7): with `lora` set, each of the seven projecti
 separate variable collection `'lora'`, selected (`where`, not multiplied by the gate) only on rows where
 `gate` is true: a gate-off row computes the base projection exactly, whatever the adapter holds (NaN,
 inf, 1e30), and so does every row that attends only to gate-off rows (a gated row's non-finite V is
-zeroed, since a masked key's weight 0 times NaN is still NaN).
+zeroed, since a masked key's weight 0 times NaN is still NaN). `LoraConfig.layers` restricts the adapter
+to some layers: the others run gate-off on every row (a static per-layer switch, the arrays keep their
+`[layers, …]` stack).
 """
 from __future__ import annotations
 
@@ -133,8 +135,9 @@ class Block(nn.Module):
     lora: LoraConfig | None = None
 
     @nn.compact
-    def __call__(self, x, layer_cache, positions, window_mask, segment_ids, cache_mask, gate):
+    def __call__(self, x, layer_cache, lora_on, positions, window_mask, segment_ids, cache_mask, gate):
         c = self.config
+        gate = gate & lora_on  # lora_on: bool scalar, this layer carries the adapter (`LoraConfig.layers`)
         x = batch_sharded(x)
         dt, pdt = c.jnp_dtype, c.jnp_param_dtype
         d, h, kvh, hd, f = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size
@@ -218,9 +221,13 @@ class Qwen3(nn.Module):
         scanned = nn.scan(block, variable_axes={"params": 0, "lora": 0},
                           split_rngs={"params": True, "lora": True},
                           metadata_params={nn.PARTITION_NAME: "layers"},
-                          in_axes=(0,) + (nn.broadcast,) * 5, length=c.num_layers, unroll=c.scan_unroll)
-        x, window_kv = scanned(c, self.lora, name="layers")(x, layer_caches, positions, window_mask, segment_ids,
-                                                           cache_mask, gate)
+                          in_axes=(0, 0) + (nn.broadcast,) * 5, length=c.num_layers, unroll=c.scan_unroll)
+        # Static per-layer switch: the adapter arrays stay stacked over all layers (one scan), and a layer
+        # outside `LoraConfig.layers` treats every row as gate-off, i.e. computes the base projection.
+        chosen = self.lora.layer_ids(c.num_layers) if self.lora is not None else ()
+        lora_on = jnp.asarray([i in chosen for i in range(c.num_layers)], bool)
+        x, window_kv = scanned(c, self.lora, name="layers")(x, layer_caches, lora_on, positions, window_mask,
+                                                           segment_ids, cache_mask, gate)
         x = RMSNorm(c.rms_norm_eps, c.jnp_param_dtype, name="final_norm")(x)
         if return_hidden:
             return x, window_kv

@@ -36,20 +36,27 @@ from .losses import draft_row_losses
 
 Array = jax.Array
 BLOCK_CURRICULUM = (2, 4, 6, 8, 12, 16)
+# `DrafterConfig.objective`: the drafter's own loss ("tv": TV + CE + KL to the AR rows, this module) or
+# discrete consistency distillation on top of it ("dcd", `objectives.dcd`).
+DRAFTER_OBJECTIVES = ("tv", "dcd")
 
 
 @dataclasses.dataclass(frozen=True)
 class DrafterConfig:
     """Drafter-training knobs (docs/algorithms.md §7). `block_borders`: progress (step/total) at which each block
-    size of `block_sizes` ends; None spreads them evenly."""
+    size of `block_sizes` ends; None spreads them evenly. `objective`: "tv" (the loss below) or "dcd"
+    (consistency distillation, `objectives.dcd`, configured by its own `DcdConfig`)."""
 
     block_sizes: tuple[int, ...] = BLOCK_CURRICULUM
     block_borders: tuple[float, ...] | None = None
     tv_weight: float = 1.0
     ce_weight: float = 0.0
     kl_weight: float = 0.0
+    objective: str = "tv"
 
     def __post_init__(self):
+        if self.objective not in DRAFTER_OBJECTIVES:
+            raise ConfigError(f"DrafterConfig.objective={self.objective!r}: expected one of {DRAFTER_OBJECTIVES}")
         object.__setattr__(self, "block_sizes", tuple(int(s) for s in self.block_sizes))
         if not self.block_sizes or any(s < 2 for s in self.block_sizes):
             raise ConfigError(f"DrafterConfig.block_sizes={self.block_sizes}: expected sizes ≥ 2 "
@@ -144,11 +151,22 @@ def drafter_loss(lora_params, params, config: ModelConfig, lora: LoraConfig, bat
     Differentiable in `lora_params` only (the clean half runs gate-off, the base params are frozen
     by the caller). Returns (loss scalar, metrics {'tv','ce','kl','accept_proxy','rows'}).
     """
+    return drafter_terms(pair_logits(lora_params, params, config, lora, batch), batch, cfg, config.mask_token_id)
+
+
+def pair_logits(lora_params, params, config: ModelConfig, lora: LoraConfig, batch: dict) -> Array:
+    """The drafter's forward over a paired batch (`make_pair_batch` layout): logits fp32 [b, 2L, V]."""
     logits, _ = model_lib.apply(params, config, batch["tokens"], batch["positions"], window_mask=batch["mask"],
                                 gate=batch["gate"], lora_params=lora_params, lora=lora)
+    return logits
+
+
+def drafter_terms(logits: Array, batch: dict, cfg: DrafterConfig, exclude_id: int | None) -> tuple[Array, dict]:
+    """`drafter_loss` from the paired logits [b, 2L, V] (noisy rows: q, clean rows: p); `exclude_id` the
+    mask token."""
     # The mask token is never sampled (docs/algorithms.md §4), so neither distribution may put mass on it; the terms are
     # fused reductions over the vocabulary (`losses.draft_row_losses`), p a constant.
-    tv_row, ce_row, kl_row = draft_row_losses(logits, batch["targets"], config.mask_token_id)
+    tv_row, ce_row, kl_row = draft_row_losses(logits, batch["targets"], exclude_id)
     rows = batch["rows"].astype(jnp.float32)
     n = jnp.maximum(rows.sum(), 1.0)
     tv, ce, kl = ((x * rows).sum() / n for x in (tv_row, ce_row, kl_row))

@@ -23,7 +23,7 @@ COMMON_KNOBS = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_p
 MODE_KNOBS = {"ar": COMMON_KNOBS, "mdm": COMMON_KNOBS + ("steps", "alpha0", "mdm_order", "mdm_sequential"),
               "slotted": COMMON_KNOBS + ("slot_size", "serial_num_blocks", "slot_threshold", "token_threshold",
                                          "ar_infill", "ar_first_token"),
-              "spec": COMMON_KNOBS + ("draft_length", "fused")}
+              "spec": COMMON_KNOBS + ("draft_length", "fused", "draft_passes")}
 ROUTING_FIELDS = ("mode", "slotted_generation", "drafter")
 
 
@@ -61,6 +61,8 @@ class GenerationConfig:
     draft_length, drafter: mode "spec" (F and "lora" | "self" | "model": Uno's gated-LoRA adapter, Zarya
       self-drafting, or a separate draft model passed to `generate` as `draft_params` / `draft_config`,
       classic speculative sampling, docs/algorithms.md §7.6).
+    draft_passes: mode "spec" with drafter "lora": draft passes per cycle (docs/algorithms.md §7.7); pass k
+      re-drafts the block from pass k−1's drafts, the last pass's q is verified (lossless for any k).
     fused: mode "spec" with drafter "self" in one forward pass per cycle (docs/algorithms.md §7.5; `draft_length`
       is its K drafts per cycle).
     eos_token_id: None → the model config's; stop_at_eos: a row stops after its first EOS.
@@ -89,6 +91,7 @@ class GenerationConfig:
     draft_length: int = 8
     drafter: str = "lora"
     fused: bool = False
+    draft_passes: int = 1
     eos_token_id: int | None = None
     prompt_bucket: int = 16
     stop_at_eos: bool = True
@@ -113,6 +116,7 @@ class GenerationConfig:
         _int_at_least("slot_size", self.slot_size, 1)
         _int_at_least("serial_num_blocks", self.serial_num_blocks, 1)
         _int_at_least("draft_length", self.draft_length, 1)
+        _int_at_least("draft_passes", self.draft_passes, 1)
         _int_at_least("prompt_bucket", self.prompt_bucket, 1)
         if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
                 and self.temperature >= 0):
@@ -145,6 +149,9 @@ class GenerationConfig:
         if self.fused and (self.resolved_mode != "spec" or self.drafter != "self"):
             raise ValueError(f"GenerationConfig.fused=True is a mode of Ψ-Spec with the self drafter; got "
                              f"mode={self.resolved_mode!r}, drafter={self.drafter!r} (expected mode='spec', drafter='self')")
+        if self.draft_passes > 1 and (self.resolved_mode != "spec" or self.drafter != "lora"):
+            raise ValueError(f"GenerationConfig.draft_passes={self.draft_passes} re-drafts with the LoRA drafter; got "
+                             f"mode={self.resolved_mode!r}, drafter={self.drafter!r} (expected mode='spec', drafter='lora')")
         if self.resolved_mode == "slotted" and self.slot_size > self.max_new_tokens:
             raise ValueError(
                 f"GenerationConfig.slot_size={self.slot_size} does not fit max_new_tokens={self.max_new_tokens}: "

@@ -26,9 +26,13 @@ Fixed shapes: every row runs every cycle; a row's acceptance m, its cache length
 offset are per-row arrays; finished rows (EOS or budget) stop committing. The whole decode is one
 `lax.while_loop` inside one jit.
 
+Multi-pass LoRA drafts (`draft_passes` = K > 1, docs/algorithms.md §7.7): after pass 1, passes 2 … K re-draft
+the window `[seed, c0 … c_{F−2}]` (each row holds the previous pass's draft for its position) and redraw
+c_1 … c_{F−1} from their q; the last pass's q is verified. K + 1 passes per cycle.
+
 Statistics: `accepted_per_cycle` (mean of 1+m, the number of the F drafted tokens c0 … c_{F−1} kept),
 `tokens_per_cycle` (mean of m+2), `tokens_per_forward` (generated tokens / decode forward passes,
-two per cycle), `acceptance_by_position` (per draft index j: P(c_j accepted | c_j examined); index 0
+two per cycle, K + 1 with K draft passes), `acceptance_by_position` (per draft index j: P(c_j accepted | c_j examined); index 0
 is c0, always 1).
 
 `DECODER` puts the mode behind `generate()` (validation, padding and output assembly shared with the
@@ -45,7 +49,7 @@ import numpy as np
 from ..config import ConfigError, LoraConfig, ModelConfig
 from ..nn import kv_cache
 from ..nn import model as model_lib
-from ..nn.lora import check_lora, noise_tokens
+from ..nn.lora import check_lora, noise_tokens, redraft_tokens
 from . import decoding, primitives
 from .config import GenerationConfig
 from .decoder import Decoder
@@ -141,8 +145,29 @@ def draft_pass(params, lora_params, cache: dict, seed: Array, n: Array, key: Arr
     idx = jnp.arange(F, dtype=jnp.int32)[None, :]
     z = noise_tokens(key, (b, F), config.vocab_size, config.mask_token_id, lora.noise)
     toks = jnp.where(idx == 0, seed[:, None], z)
+    return lora_draft(params, lora_params, cache, toks, n, config=config, lora=lora)
+
+
+def lora_draft(params, lora_params, cache: dict, toks: Array, n: Array, *, config: ModelConfig, lora: LoraConfig):
+    """One LoRA draft pass over the window `toks` int [b, F] (row 0 the seed, gate off; the others gate on) at
+    positions n−1 … n+F−2. Returns (logits [b, F, V], window K/V)."""
+    b, F = toks.shape
+    idx = jnp.arange(F, dtype=jnp.int32)[None, :]
     return model_lib.apply(params, config, toks, (n - 1)[:, None] + idx, cache=cache,
                            gate=jnp.broadcast_to(idx > 0, (b, F)), lora_params=lora_params, lora=lora)
+
+
+def redraft(params, lora_params, cache: dict, seed: Array, n: Array, drafts: Array, logits: Array, key: Array, draw,
+            presence, *, config: ModelConfig, passes: int, lora: LoraConfig) -> tuple[Array, Array]:
+    """Passes 2 … `passes` of a multi-pass LoRA draft (docs/algorithms.md §7.7): each re-drafts the window from the
+    previous pass's drafts (`redraft_tokens`) and draws c_1 … c_{F−1} again from its q; c0 (from the exact
+    p0) is kept. drafts int [b, F], logits [b, F, V] of pass 1. Returns the last pass's (drafts, logits)."""
+    first = jnp.arange(drafts.shape[1])[None, :] == 0
+    for k in range(1, passes):
+        toks = redraft_tokens(jnp.where(first, seed[:, None], drafts), drafts, jnp.broadcast_to(first, drafts.shape))
+        logits, _ = lora_draft(params, lora_params, cache, toks, n, config=config, lora=lora)
+        drafts = jnp.where(first, drafts, draw(jax.random.fold_in(key, k), logits, presence))
+    return drafts, logits
 
 
 def cache_rows(gcfg: GenerationConfig, prompt_len: int) -> int:
@@ -197,6 +222,8 @@ def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array,
     """
     F = gcfg.draft_length
     drafter = gcfg.drafter
+    passes = gcfg.draft_passes if drafter == "lora" else 1
+    per_cycle = passes + 1  # draft passes + the verify pass
     b, P = prompts.shape
     greedy = gcfg.temperature == 0
     eos, _ = decoding.special_ids(config, gcfg)
@@ -224,7 +251,12 @@ def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array,
         # matters), so the draft rows reuse that set instead of building one per row.
         pres_d = None if s["presence"] is None else s["presence"][:, None, :]
         drafts = draw(k_draw, logits_d, pres_d)  # c0 ~ p0, c_j ~ q_j
-        q = dist(logits_d[:, 1:], pres_d)
+        if passes > 1:  # the last pass's q_j is verified, and its c_j ~ q_j: lossless for any number of passes
+            drafts, logits_q = redraft(params, lora_params, c, s["seed"], n, drafts, logits_d, k_draw, draw, pres_d,
+                                       config=config, passes=passes, lora=lora)
+        else:
+            logits_q = logits_d
+        q = dist(logits_q[:, 1:], pres_d)
         c = kv_cache.commit(c, kv_d, (idx_d == 0) & active[:, None])  # the seed's AR K/V only
 
         logits_v, kv_v = model_lib.apply(params, config, drafts, n[:, None] + idx_f, cache=c)
@@ -254,8 +286,8 @@ def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array,
 
     s = jax.lax.while_loop(running(max_cycles, gcfg), body, state)
     return {"tokens": s["out"], "lengths": s["g"], "logprobs": s["logprobs"],
-            "num_forward_passes": 1 + 2 * s["row_cycles"],
-            "loop_passes": 1 + 2 * s["cycle"], "row_cycles": s["row_cycles"], "accepted_sum": s["accepted_sum"],
+            "num_forward_passes": 1 + per_cycle * s["row_cycles"],
+            "loop_passes": 1 + per_cycle * s["cycle"], "row_cycles": s["row_cycles"], "accepted_sum": s["accepted_sum"],
             "accepted_at": s["accepted_at"], "reached_at": s["reached_at"], "cache": s["cache"],
             "seed": s["seed"], "positions": s["n"]}
 
@@ -309,7 +341,8 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config: ModelConfi
 
 
 def stats(raw: dict, gcfg: GenerationConfig, tokens: np.ndarray, lengths: np.ndarray, out_lengths: np.ndarray) -> dict:
-    return {"drafter": gcfg.drafter, "draft_length": gcfg.draft_length, **summarize(raw)}
+    return {"drafter": gcfg.drafter, "draft_length": gcfg.draft_length, "draft_passes": gcfg.draft_passes,
+            **summarize(raw)}
 
 
 DECODER = Decoder(run, stats, check, uses_adapter=True)

@@ -2,7 +2,8 @@
 
 `DrafterRunConfig` is the entry point's config tree: the trainer's sections (the model comes from the
 base checkpoint) plus `lora` (rank, alpha and the noise convention the adapter is trained and sampled
-with) and `drafter` (block curriculum and loss weights). `train_drafter` loads and freezes the base,
+with) and `drafter` (block curriculum, loss weights, `objective` tv | dcd) and `dcd` (consistency distillation:
+teacher passes, refresh period, divergence, weight of the drafter loss, start; `objectives.dcd`). `train_drafter` loads and freezes the base,
 trains only the adapter (sharded, checkpointed, resumable like any run) and saves it to
 WORKDIR/adapter/ (`nn.lora.save`); WORKDIR/drafter.json records the settings. The settings and the
 content of the base checkpoint (its checksums, not its path) are part of the run's identity
@@ -17,11 +18,14 @@ import json
 import os
 from typing import Any, Sequence
 
+import jax
+
 from .. import overrides as ov
 from ..config import ConfigError, LoraConfig, PromptFormat
 from ..files import atomic_write_json
 from ..nn import checkpoint as ckpt_lib
 from ..nn import lora as lora_lib
+from ..objectives.dcd import DcdConfig, dcd_objective
 from ..objectives.drafter import DrafterConfig, drafter_objective
 from . import config as rc
 from .hooks import Hook
@@ -34,10 +38,12 @@ DEFAULTS = {"optim.weight_decay": 0.0, "train.export_final": False}
 
 @dataclasses.dataclass(frozen=True)
 class DrafterRunConfig(rc.RunConfig):
-    """The run sections plus the adapter (`lora`) and the drafter objective (`drafter`)."""
+    """The run sections plus the adapter (`lora`), the drafter objective (`drafter`) and, for
+    `drafter.objective=dcd`, consistency distillation (`dcd`)."""
 
     lora: LoraConfig = LoraConfig()
     drafter: DrafterConfig = DrafterConfig()
+    dcd: DcdConfig = DcdConfig()
 
 
 def load_config(name_or_path: str, overrides: list[str] | dict[str, Any] = ()) -> DrafterRunConfig:
@@ -49,9 +55,16 @@ def load_config(name_or_path: str, overrides: list[str] | dict[str, Any] = ()) -
 def _settings(base: str, cfg: DrafterRunConfig) -> dict:
     """What WORKDIR/drafter.json records."""
     d = cfg.drafter
-    return {"base": os.path.abspath(base), "lora": {"rank": cfg.lora.rank, "alpha": cfg.lora.alpha},
-            "drafter": {"block_sizes": list(d.block_sizes), "block_borders": d.block_borders, "noise": cfg.lora.noise,
-                        "tv_weight": d.tv_weight, "ce_weight": d.ce_weight, "kl_weight": d.kl_weight}}
+    out = {"base": os.path.abspath(base), "lora": {"rank": cfg.lora.rank, "alpha": cfg.lora.alpha},
+           "drafter": {"block_sizes": list(d.block_sizes), "block_borders": d.block_borders, "noise": cfg.lora.noise,
+                       "tv_weight": d.tv_weight, "ce_weight": d.ce_weight, "kl_weight": d.kl_weight}}
+    # recorded only when not the default, so runs from before these knobs keep their identity (and resume)
+    if cfg.lora.layers != "all":
+        out["lora"]["layers"] = cfg.lora.layers_text()
+    if d.objective == "dcd":
+        out["drafter"]["objective"] = "dcd"
+        out["dcd"] = dataclasses.asdict(cfg.dcd)
+    return out
 
 
 def _identity(base: str, settings: dict) -> dict:
@@ -77,7 +90,12 @@ def train_drafter(cfg: DrafterRunConfig, base: str, workdir: str, *, force: bool
     settings = _settings(base, cfg)
     base_params, _ = ckpt_lib.load(base, verify=run.train.verify_checkpoints)
     model_config, lora = run.model, cfg.lora
-    objective = drafter_objective(model_config, lora, cfg.drafter)
+    lora_lib.check_lora(jax.eval_shape(lambda: lora_lib.init_lora(model_config, lora, jax.random.PRNGKey(0))),
+                        model_config, lora)  # a layer selection the base lacks: refused before training
+    if cfg.drafter.objective == "dcd":
+        objective = dcd_objective(model_config, lora, cfg.drafter, cfg.dcd, run.train.steps)
+    else:
+        objective = drafter_objective(model_config, lora, cfg.drafter)
     summary = train(run, workdir, force=force, objective=objective,
                     init_params=lambda key: lora_lib.init_lora(model_config, lora, key),
                     frozen_params=base_params, hooks=hooks, return_state=True,

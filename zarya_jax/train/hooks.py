@@ -156,7 +156,7 @@ class ProgressBar(Hook):
 
 
 class Evaluator(Hook):
-    """Every `every` steps and at the last: `eval_fn(params, step) -> loss` on the held-out batches,
+    """Every `every` steps and at the last: `eval_fn(state, step) -> loss` on the held-out batches,
     recorded as the step's `eval_loss`. Summary: the latest eval loss."""
 
     last = True
@@ -166,7 +166,7 @@ class Evaluator(Hook):
         self.latest: float | None = None
 
     def on_step(self, event: StepEvent) -> None:
-        self.latest = self.eval_fn(event.state["params"], event.step)
+        self.latest = self.eval_fn(event.state, event.step)
         event.metrics["eval_loss"] = self.latest
 
     def on_end(self, state: dict, summary: dict) -> None:

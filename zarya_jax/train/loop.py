@@ -158,11 +158,22 @@ def _initial_state(setup: _Setup, ckpt: RunCheckpointer, train_iter, init_params
     written straight into the state shardings."""
     latest = ckpt.latest_step()
     verify = setup.run.train.verify_checkpoints
+    carry = setup.objective.init_carry
     if latest is not None:
+        saved = ckpt.read_meta(latest).get("checksums") or {}
+        if carry is not None and not any(k.startswith("['carry']") for k in saved):
+            # a checkpoint of an objective without a carry, resumed (forced) with one, e.g. a drafter trained
+            # with TV continued with DCD: the carry starts from the restored params
+            rest = {k: v for k, v in abstract_state.items() if k != "carry"}
+            state, _ = ckpt.restore(latest, abstract_like(rest, {k: state_sh[k] for k in rest}), train_iter,
+                                    verify=verify)
+            state["carry"] = jax.jit(carry, out_shardings=state_sh["carry"])(state["params"])
+            _log(f"resumed from {ckpt.directory}/{latest} (no carry saved: started from its params)")
+            return state
         state, _ = ckpt.restore(latest, abstract_like(abstract_state, state_sh), train_iter, verify=verify)
         _log(f"resumed from {ckpt.directory}/{latest}")
         return state
-    from_params = jax.jit(lambda p: init_state(p, optimizer, run_key), out_shardings=state_sh)
+    from_params = jax.jit(lambda p: init_state(p, optimizer, run_key, carry), out_shardings=state_sh)
     if init_params is None and setup.init_config is not None:
         loaded, _ = ckpt_lib.load(setup.run.train.init_from, state_sh["params"], verify=verify)
         _log(f"initialised from {setup.run.train.init_from}")
@@ -170,7 +181,7 @@ def _initial_state(setup: _Setup, ckpt: RunCheckpointer, train_iter, init_params
     if init_params is not None and not callable(init_params):
         return from_params(init_params)
     init_fn = _init_fn(init_params, setup.model_config)
-    return jax.jit(lambda k: init_state(init_fn(k), optimizer, run_key), out_shardings=state_sh)(init_key)
+    return jax.jit(lambda k: init_state(init_fn(k), optimizer, run_key, carry), out_shardings=state_sh)(init_key)
 
 
 def _evaluator(setup: _Setup, steps: StepCache, frozen, total: int) -> Evaluator | None:
@@ -185,9 +196,10 @@ def _evaluator(setup: _Setup, steps: StepCache, frozen, total: int) -> Evaluator
     batches = [shd.global_batch(b, setup.mesh) for b in data_lib.take(iter(eval_ds), n_eval)]
     eval_key = jax.random.PRNGKey(run.train.seed + 1)
 
-    def eval_loss(params, step: int) -> float:
+    def eval_loss(state, step: int) -> float:
         fn = steps.eval(setup.objective.static_at(max(step - 1, 0), total))
-        losses = [fn(params, frozen, b, jax.random.fold_in(eval_key, i), jnp.asarray(step, jnp.int32))[0]
+        params, carry = state["params"], state.get("carry")
+        losses = [fn(params, carry, frozen, b, jax.random.fold_in(eval_key, i), jnp.asarray(step, jnp.int32))[0]
                   for i, b in enumerate(batches)]
         return float(np.mean(jax.device_get(losses)))
 
@@ -225,7 +237,8 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
         init_key, run_key = jax.random.split(jax.random.PRNGKey(run.train.seed))
         init_fn = _init_fn(init_params, setup.model_config)
         optimizer, trainable_mask = build_optimizer(run.optim, total, jax.eval_shape(init_fn, init_key))
-        abstract_state = jax.eval_shape(lambda k: init_state(init_fn(k), optimizer, run_key), init_key)
+        abstract_state = jax.eval_shape(lambda k: init_state(init_fn(k), optimizer, run_key, objective.init_carry),
+                                        init_key)
         state_sh = state_shardings(abstract_state, optimizer, mesh)
         frozen_sh = None if frozen_params is None else shd.tree_shardings(frozen_params, mesh)
         frozen = None if frozen_params is None else jax.device_put(frozen_params, frozen_sh)

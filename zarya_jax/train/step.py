@@ -7,7 +7,8 @@ docs/algorithms.md §7) is passed through, sharded but never updated or checkpoi
 
 Train state (a dict, all of it checkpointed): `step` int32, `params` (trainable, fp32 master
 weights), `opt_state` (fp32 Adam moments), `rng` (the run key's data), `bad_step` int32 (-1, or the
-first step whose loss or gradient was not finite). Per-step randomness is
+first step whose loss or gradient was not finite), and `carry` for an objective that has one (e.g. a
+frozen teacher copy, `Objective.init_carry`/`next_carry`), updated after each healthy step. Per-step randomness is
 `fold_in(run_key, step)` (and `fold_in(·, micro)` per accumulation micro-batch), so a resumed run
 repeats bit for bit.
 
@@ -42,18 +43,24 @@ class NonFiniteError(DivergenceError):
 # ------------------------------------------------------------------ state and shardings
 
 
-def init_state(params, optimizer, run_key: jax.Array) -> dict:
+def init_state(params, optimizer, run_key: jax.Array, init_carry=None) -> dict:
     params = jax.tree.map(lambda x: x.astype(jnp.float32), params)  # fp32 master weights
-    return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": optimizer.init(params),
-            "rng": jax.random.key_data(run_key), "bad_step": jnp.full((), -1, jnp.int32)}
+    state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": optimizer.init(params),
+             "rng": jax.random.key_data(run_key), "bad_step": jnp.full((), -1, jnp.int32)}
+    if init_carry is not None:  # only objectives with a carry have the key: other runs' checkpoints are unchanged
+        state["carry"] = init_carry(params)
+    return state
 
 
 def state_shardings(abstract_state: dict, optimizer, mesh) -> dict:
     params_sh = shd.tree_shardings(abstract_state["params"], mesh)
     rep = shd.replicated(mesh)
-    return {"step": rep, "params": params_sh,
-            "opt_state": shd.opt_state_shardings(optimizer, abstract_state["opt_state"], params_sh, mesh),
-            "rng": rep, "bad_step": rep}
+    out = {"step": rep, "params": params_sh,
+           "opt_state": shd.opt_state_shardings(optimizer, abstract_state["opt_state"], params_sh, mesh),
+           "rng": rep, "bad_step": rep}
+    if "carry" in abstract_state:
+        out["carry"] = shd.tree_shardings(abstract_state["carry"], mesh)
+    return out
 
 
 def _batch_specs(mesh, batch_keys) -> dict:
@@ -85,7 +92,7 @@ def make_train_step(objective: Objective, optimizer, optim_config: OptimConfig, 
     def _step(state, frozen, batch, static):
         params = state["params"]
         key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
-        info = StepInfo(step=state["step"], static=static, total_steps=total_steps)
+        info = StepInfo(step=state["step"], static=static, total_steps=total_steps, carry=state.get("carry"))
 
         def loss_of(p, mb, k):
             loss, metrics = objective.loss_fn(p, frozen, mb, k, info)
@@ -132,6 +139,9 @@ def make_train_step(objective: Objective, optimizer, optim_config: OptimConfig, 
             "rng": state["rng"],
             "bad_step": jnp.where(ok | (state["bad_step"] >= 0), state["bad_step"], state["step"]),
         }
+        if "carry" in state:
+            carry = objective.next_carry(state["carry"], new_state["params"], new_state["step"])
+            new_state["carry"] = _where_tree(ok, carry, state["carry"])
         out = {"loss": loss, "grad_norm": grad_norm, "param_norm": param_norm, "lr": schedule(state["step"]),
                "bad_step": new_state["bad_step"], **{k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}}
         return new_state, out
@@ -140,10 +150,11 @@ def make_train_step(objective: Objective, optimizer, optim_config: OptimConfig, 
 
 
 def make_eval_step(objective: Objective, total_steps: int, mesh):
-    """eval(params, frozen, batch, key, step, static) -> (loss, metrics); pure, jitted by the caller."""
+    """eval(params, carry, frozen, batch, key, step, static) -> (loss, metrics); pure, jitted by the caller
+    (`carry`: the state's, None without one)."""
 
-    def evaluate(params, frozen, batch, key, step, static):
-        info = StepInfo(step=step, static=static, total_steps=total_steps)
+    def evaluate(params, carry, frozen, batch, key, step, static):
+        info = StepInfo(step=step, static=static, total_steps=total_steps, carry=carry)
         with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
             loss, metrics = objective.loss_fn(params, frozen, batch, key, info)
         return loss.astype(jnp.float32), {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
@@ -172,8 +183,10 @@ class StepCache:
     def eval(self, static):
         if static not in self._eval:
             self._eval[static] = jax.jit(
-                lambda params, frozen, batch, key, step: self._eval_fn(params, frozen, batch, key, step, static),
-                in_shardings=(self._state_sh["params"], self._frozen_sh, self._batch_sh, self._rep, self._rep),
+                lambda params, carry, frozen, batch, key, step: self._eval_fn(params, carry, frozen, batch, key, step,
+                                                                              static),
+                in_shardings=(self._state_sh["params"], self._state_sh.get("carry"), self._frozen_sh, self._batch_sh,
+                              self._rep, self._rep),
                 out_shardings=self._rep)
         return self._eval[static]
 
