@@ -12,6 +12,7 @@ fetching the result and assembling the `GenerationOutput` — and a `Decoder` do
 - `stats(raw, gcfg, tokens, lengths, out_lengths) -> dict`: mode-specific statistics from the host copy
   of that dict (physical order, acceptance, …).
 - `check(config, gcfg, lora_params, lora)`: mode-specific validation at the edge, before compiling.
+- `knobs(gcfg)`: the mode's traced knobs (`dyn`), default mode B's `slotted.Knobs`.
 """
 from __future__ import annotations
 
@@ -37,3 +38,4 @@ class Decoder:
     stats: Callable[..., dict[str, Any]] = no_stats
     check: Callable[..., None] = no_check
     uses_adapter: bool = False
+    knobs: Callable[..., Any] | None = None
