@@ -2,8 +2,8 @@
 with the sampler's speed statistics.
 
 Statistics (per RL step, host floats): `rollout_s` (wall time of the `generate` call, its compile
-included on the first step), `tokens_per_forward` (generated tokens / decode passes, summed over the
-rows: 1 for AR), `completion_tokens` (mean per row), `active_rows` (mean fraction of the rows still
+included on the first step), `tokens_per_forward` (generated tokens / forward passes, the prefill
+included, summed over the rows: 1 for AR, whose prefill yields the first token), `completion_tokens` (mean per row), `active_rows` (mean fraction of the rows still
 generating over the decode passes: 1 when every row runs to the end; a low value means most passes
 were spent on a few long rows, where speculation pays), and for the spec arms `accepted_per_cycle`
 (mean drafted tokens kept per drafting cycle, c0 included), `draft_cycles` and
@@ -72,11 +72,12 @@ def rollout_stats(out, rollout_s: float) -> dict:
     st = out.stats
     decode = np.asarray(out.num_forward_passes) - 1  # the prefill is not a decode pass
     stats = {"rollout_s": rollout_s, "completion_tokens": float(np.mean(out.lengths)),
-             "tokens_per_forward": float(np.sum(out.lengths)) / max(int(np.sum(decode)), 1),
+             "tokens_per_forward": float(np.sum(out.lengths)) / max(int(np.sum(out.num_forward_passes)), 1),
              "active_rows": active_fraction(decode)}
     if st["mode"] == "spec":
-        stats["accepted_per_cycle"] = st["accepted_per_cycle"]
         stats["draft_cycles"] = float(st.get("draft_cycles", 0))
+    if st["mode"] == "spec" and stats["draft_cycles"]:  # no drafting cycle (draft_when_active_below): nothing to rate
+        stats["accepted_per_cycle"] = st["accepted_per_cycle"]
         for j, a in enumerate(st["acceptance_by_position"]):
             stats[f"acceptance_pos{j}"] = float(a)
     return stats
