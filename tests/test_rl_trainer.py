@@ -18,7 +18,8 @@ from zarya_jax.eval import tasks
 from zarya_jax.nn import lora as lora_lib
 from zarya_jax.nn import model as model_lib
 from zarya_jax.rl import config as rl_config
-from zarya_jax.rl import grpo, rollout, trainer
+from zarya_jax.rl import demo, grpo, rollout, trainer
+from zarya_jax.rl.plots import rl_plot
 from zarya_jax.train import sharding as shd
 from zarya_jax.train.optim import OptimConfig
 from zarya_jax.train.step import build_optimizer, init_state, make_train_step
@@ -147,6 +148,14 @@ def test_resume_after_interruption_is_bit_exact(scratch, monkeypatch):
     rows = _rows(whole)
     assert any(r.get("grad_norm", 0) > 0 for r in rows) and any("drafter_tv" in r for r in rows)
     assert [r["step"] for r in rows if "eval_exact_match" in r] == [0, 2, 4]
+    # the demo's report of that arm: its row, table and plot
+    summary = json.load(open(os.path.join(whole, "summary.json")))
+    row = demo.arm_result("refreshed", whole, summary)
+    assert row["curves"]["exact_match"] == [(r["step"], r["eval_exact_match"]) for r in rows if "eval_exact_match" in r]
+    assert row["accepted_start"] == rows[1]["accepted_per_cycle"] and len(row["curves"]["accepted_per_cycle"]) == 4
+    assert "| refreshed |" in demo.report_markdown({"arms": [row]})
+    rl_plot([row], os.path.join(scratch["root"], "report.png"))
+    assert os.path.getsize(os.path.join(scratch["root"], "report.png")) > 0
     base = checkpoint.load(scratch["ckpt"])[0]
     assert any(not np.array_equal(np.asarray(x), np.asarray(y))
                for x, y in zip(jax.tree.leaves(base), jax.tree.leaves(checkpoint.load(os.path.join(whole, "final"))[0])))
