@@ -281,7 +281,7 @@ def train_rl(cfg: RLConfig, base: str, workdir: str, *, adapter: str | None = No
 
     summary: dict[str, Any] = {"status": "completed", "workdir": os.path.abspath(workdir), "arm": rl.arm,
                                "start_step": start}
-    rollout_times, flag = [], StopSignal()
+    rollout_times, flag, saved = [], StopSignal(), latest
     try:
         if start == 0 and su.eval_prompts:
             em = exact_match(state["policy"]["params"])
@@ -289,7 +289,8 @@ def train_rl(cfg: RLConfig, base: str, workdir: str, *, adapter: str | None = No
             summary["initial_exact_match"] = em
         for step in range(start, tc.steps):
             if flag.reached(step):
-                ckpt.save(step, state, StepCursor(step), {"step": step})
+                if saved != step:
+                    ckpt.save(step, state, StepCursor(step), {"step": step})
                 summary.update(status="interrupted", signal=int(flag.signum))
                 _log(f"signal {flag.signum}: saved checkpoint {step}, stopping")
                 break
@@ -304,6 +305,7 @@ def train_rl(cfg: RLConfig, base: str, workdir: str, *, adapter: str | None = No
                 log.write(done, row)
             if (tc.save_every and done % tc.save_every == 0) or done == tc.steps:
                 ckpt.save(done, state, StepCursor(done), {"step": done, "loss": row["loss"]})
+                saved = done
             bar.update(1)
             bar.set_postfix(reward=f"{row['reward']:.3f}", tpf=f"{row['tokens_per_forward']:.2f}",
                             roll_s=f"{row['rollout_s']:.1f}")
