@@ -14,7 +14,6 @@ Stages, each resumable in its own folder of the workdir:
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 

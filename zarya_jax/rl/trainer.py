@@ -214,7 +214,6 @@ def train_rl(cfg: RLConfig, base: str, workdir: str, *, adapter: str | None = No
     su = prepare(cfg, base, workdir, adapter, force)
     rl, tc, mesh = cfg.rl, cfg.train, su.mesh
     config = su.model.config
-    gcfg = su.gcfg
     total_updates = tc.steps * rl.num_iterations
     run_key = jax.random.PRNGKey(tc.seed)
     k_state, k_roll, k_draft = jax.random.split(run_key, 3)
@@ -254,10 +253,11 @@ def train_rl(cfg: RLConfig, base: str, workdir: str, *, adapter: str | None = No
             state, _ = ckpt.restore(latest, abstract_like(abstract, sh), cursor, verify=tc.verify_checkpoints)
             _log(f"resumed from {ckpt.step_dir(latest)}")
         else:
-            init = {"policy": lambda: init_state(su.model.params, optimizer, k_state)}
+            # the trees are arguments, not constants of the program: written straight into the shardings
+            init = {"policy": (lambda p: init_state(p, optimizer, k_state), su.model.params)}
             if refreshed:
-                init["drafter"] = lambda: init_state(su.model.adapter, d_optimizer, k_draft)
-            state = {k: jax.jit(f, out_shardings=sh[k])() for k, f in init.items()}
+                init["drafter"] = (lambda p: init_state(p, d_optimizer, k_draft), su.model.adapter)
+            state = {k: jax.jit(f, out_shardings=sh[k])(tree) for k, (f, tree) in init.items()}
         if jax.process_index() == 0:
             atomic_write_json(os.path.join(workdir, RUN_FILE), su.identity)
     except BaseException:
