@@ -32,7 +32,7 @@ from .trainer import train_rl
 DEMO_SFT = {"task.difficulty": 2, "data.max_length": 112, "task.num_train": 20000, "task.num_test": 64, "task.num_val": 0,
             "train.steps": 500, "drafter.steps": 150, "frontier.enabled": False}
 DEMO_RL = {"rl.prompts_per_step": 8, "rl.num_generations": 4, "rl.max_new_tokens": 40, "rl.draft_length": 4,
-           "rl.beta": 0.02, "rl.refresh_every": 5, "rl.refresh_steps": 5, "optim.lr": 3e-4, "train.steps": 30,
+           "rl.beta": 0.02, "rl.refresh_every": 5, "rl.refresh_steps": 5, "optim.lr": 1e-4, "train.steps": 30,
            "train.eval_every": 5, "train.save_every": 10, "data.eval_size": 64}
 SMOKE_SFT = {**exp_config.SMOKE, "task.difficulty": 2, "data.max_length": 112, "task.num_val": 0, "frontier.enabled": False,
              "drafter.steps": 3, "drafter.batch_size": 4, "drafter.block_sizes": [2, 4]}

@@ -60,8 +60,8 @@ def sample(params, config, records: list[dict], prompts: list[list[int]], gcfg: 
     texts = [tokenizer.decode([int(t) for t in toks[:n]]) for toks, n in zip(out.tokens, out.lengths)]
     r = rewards.score(row_records, texts, reward_fns)
     pad = config.pad_token_id if config.pad_token_id is not None else 0
-    # a fixed width per prompt bucket: the loss compiles once per bucket, not per longest prompt
-    batch = grpo.rollout_batch(rows, out, pad, width=width_bucket(max(map(len, rows))) + gcfg.max_new_tokens)
+    # the sampler's padded prompt width: the loss compiles once per prompt bucket, not per longest prompt
+    batch = grpo.rollout_batch(rows, out, pad, width=out.stats["prompt_width"] + gcfg.max_new_tokens)
     batch["advantages"] = grpo.group_advantages(r, num_generations)
     stats = rollout_stats(out, rollout_s)
     stats["answer_accuracy"] = float(np.mean([rewards.answer_reward(rec, t, fmt) for rec, t in zip(row_records, texts)]))

@@ -142,7 +142,8 @@ def prepare(cfg: RLConfig, base: str, workdir: str, adapter: str | None, force: 
     eval_records = records_lib.read_jsonl(cfg.data.eval, fmt)[:cfg.data.eval_size] if cfg.data.eval else []
     train_prompts = _prompts(train_records, model.tokenizer, fmt, cfg.data.train)
     eval_prompts = _prompts(eval_records, model.tokenizer, fmt, cfg.data.eval)
-    gcfg = rl.generation_config()
+    # one prompt bucket for every step: the sampler and the update compile once, whatever prompts a step draws
+    gcfg = rl.generation_config().replace(prompt_bucket=rollout.width_bucket(max(map(len, train_prompts))))
     gcfg.validate(model.config, train_prompts)
     if eval_prompts:
         gcfg.replace(mode="ar", temperature=0.0).validate(model.config, eval_prompts)
