@@ -258,7 +258,8 @@ def train_rl(cfg: RLConfig, base: str, workdir: str, *, adapter: str | None = No
             init = {"policy": (lambda p: init_state(p, optimizer, k_state), su.model.params)}
             if refreshed:
                 init["drafter"] = (lambda p: init_state(p, d_optimizer, k_draft), su.model.adapter)
-            state = {k: jax.jit(f, out_shardings=sh[k])(tree) for k, (f, tree) in init.items()}
+            state = {k: jax.jit(f, out_shardings=sh[k])(jax.device_put(tree, sh[k]["params"]))
+                     for k, (f, tree) in init.items()}
         if jax.process_index() == 0:
             atomic_write_json(os.path.join(workdir, RUN_FILE), su.identity)
     except BaseException:
