@@ -14,7 +14,7 @@ import yaml
 from safetensors.numpy import save_file
 
 from conversion import hf_to_jax, jax_to_hf, lora_to_peft, memcheck, peft_to_lora
-from experiments import evaluate, generate, lm_eval, quickstart, sweep, tasks, train, train_drafter
+from experiments import evaluate, generate, lm_eval, quickstart, rl, sweep, tasks, train, train_drafter
 from experiments.bench import __main__ as bench
 from zarya_jax import checkpoint
 from zarya_jax.config import from_hf_dict
@@ -146,6 +146,28 @@ CASES = [
     ("train/bad-tokenizer", train, "--config tiny --workdir {root}/w --set data.train={data} "
      "--set data.tokenizer={badtok}", "cannot load the tokenizer"),
     ("train/no-argument", train, "--workdir {root}/w", "--config"),
+    # ---- python -m experiments.rl
+    ("rl/reward-not-importable", rl, "--base {ckpt} --workdir {root}/w --set data.train={data} "
+     "--set rl.reward=no_such_module.reward", "rl.reward='no_such_module.reward' does not import"),
+    ("rl/reward-not-callable", rl, "--base {ckpt} --workdir {root}/w --set data.train={data} "
+     "--set rl.reward=zarya_jax.rl.rewards.DEFAULT_REWARDS", "not a function"),
+    ("rl/one-generation", rl, "--base {ckpt} --workdir {root}/w --set data.train={data} "
+     "--set rl.num_generations=1", "rl.num_generations=1"),
+    ("rl/lora-arm-without-adapter", rl, "--base {ckpt} --workdir {root}/w --arm frozen --set data.train={data}",
+     "--adapter"),
+    ("rl/adapter-for-self-arm", rl, "--base {ckpt} --workdir {root}/w --arm self --adapter {ckpt} "
+     "--set data.train={data}", "only the LoRA arms"),
+    ("rl/off-policy-mode", rl, "--base {ckpt} --workdir {root}/w --arm slotted --set data.train={data}",
+     "not on-policy"),
+    ("rl/unknown-arm", rl, "--base {ckpt} --workdir {root}/w --arm spec-lora --set data.train={data}", "rl.arm"),
+    ("rl/self-without-mask", rl, "--base {nomask} --workdir {root}/w --arm self --set data.train={data}",
+     "mask token"),
+    ("rl/base-missing", rl, "--base {root}/nope --workdir {root}/w --set data.train={data}", "does not exist"),
+    ("rl/no-data", rl, "--base {ckpt} --workdir {root}/w", "data.train"),
+    ("rl/workdir-is-base", rl, "--base {ckpt} --workdir {ckpt} --set data.train={data}", "--workdir"),
+    ("rl/greedy", rl, "--base {ckpt} --workdir {root}/w --set data.train={data} --set rl.temperature=0",
+     "rl.temperature=0"),
+    ("rl/demo-with-base", rl, "--demo --base {ckpt} --workdir {root}/w", "--demo"),
     # ---- python -m experiments.train_drafter
     ("drafter/base-missing", train_drafter, "--base {root}/nope --workdir {root}/w --set data.train={data}",
      "expected a checkpoint directory"),

@@ -106,6 +106,51 @@ def test_greedy_identical_to_ar(model, drafter, f, adapter, passes):
         assert out.lengths[0] <= 3
 
 
+@pytest.mark.parametrize("below", [0.0, 0.5, 0.8])
+def test_draft_when_active_below_greedy_identical_to_ar(below):
+    """AR passes while many rows are active, drafting once few remain: still the AR sampler's output,
+    one compiled program for every threshold, and every row's passes = 1 + 2·drafting cycles + AR cycles."""
+    import importlib
+
+    generate_lib = importlib.import_module("zarya_jax.sampling.generate")
+
+    params, lp, _ = _setup("trained", "trained")
+    prompts = _prompts(True)
+    base = GenerationConfig(mode="ar", max_new_tokens=24)
+    eos = int(generate(params, CFG, prompts, base.replace(stop_at_eos=False), jax.random.PRNGKey(0)).tokens[0, 2])
+    base = base.replace(eos_token_id=eos)
+    ref = generate(params, CFG, prompts, base, jax.random.PRNGKey(0))
+    gc = base.replace(mode="spec", draft_length=5, drafter="lora", draft_when_active_below=below)
+    out = generate(params, CFG, prompts, gc, jax.random.PRNGKey(1), lora_params=lp, lora=LORA)
+    traces = generate_lib.TRACE_COUNTS["spec"]
+    again = generate(params, CFG, prompts, gc.replace(draft_when_active_below=0.3), jax.random.PRNGKey(1),
+                     lora_params=lp, lora=LORA)
+    assert generate_lib.TRACE_COUNTS["spec"] == traces  # the threshold is traced
+    for o in (out, again):
+        np.testing.assert_array_equal(o.lengths, ref.lengths)
+        np.testing.assert_array_equal(o.tokens, ref.tokens)
+    raw = jax.device_get(spec.spec_decode(params, lp, *map(jnp.asarray, pad_prompts(prompts, 16, 0)),
+                                          jax.random.PRNGKey(1), jnp.int32(24), jnp.float32(below),
+                                          config=CFG, gcfg=generate_lib.static_key(gc), lora=LORA))
+    draft, cycles = np.asarray(raw["row_draft_cycles"]), np.asarray(raw["row_cycles"])
+    np.testing.assert_array_equal(raw["num_forward_passes"], 1 + 2 * draft + (cycles - draft))
+    np.testing.assert_array_equal(out.num_forward_passes, raw["num_forward_passes"])
+    if below == 0.0:  # never drafts: one token per pass, as the AR sampler
+        assert draft.sum() == 0 and (out.num_forward_passes == 1 + out.lengths).all()
+        assert out.stats["draft_cycles"] == 0
+    else:  # the first cycles (all rows active) are AR passes; drafting starts once rows have finished
+        assert 0 < draft.sum() < cycles.sum()
+        assert out.stats["draft_cycles"] == int(draft.sum())
+
+
+def test_draft_when_active_below_refuses_bad_values():
+    for bad in (-0.1, 1.5, float("nan"), True):
+        with pytest.raises(ValueError, match="draft_when_active_below"):
+            GenerationConfig(mode="spec", draft_when_active_below=bad).validate()
+    with pytest.raises(ValueError, match="fused"):
+        GenerationConfig(mode="spec", drafter="self", fused=True, draft_when_active_below=0.5).validate()
+
+
 POISONS = {"nan": (np.nan, 4.0), "inf": (np.inf, 4.0), "huge": (1e30, 4.0), "nan-alpha": (0.01, float("nan"))}
 
 
@@ -272,10 +317,13 @@ def test_cache_after_each_cycle_equals_ar_recompute():
 SMALL = SPEC_SMALL
 
 
-@pytest.mark.parametrize("drafter,passes", [("lora", 1), ("self", 1), ("lora", 2)])
-def test_first_two_tokens_joint_distribution(drafter, passes):
+@pytest.mark.parametrize("drafter,passes,below", [("lora", 1, None), ("self", 1, None), ("lora", 2, None),
+                                                   ("lora", 1, 0.99)])
+def test_first_two_tokens_joint_distribution(drafter, passes, below):
     """Histogram of (token 1, token 2) from Ψ-Spec (temperature 1, F = 3; the LoRA drafter also with two
-    draft passes) vs the AR model's exact two-token distribution, enumerated with full forwards."""
+    draft passes) vs the AR model's exact two-token distribution, enumerated with full forwards. With
+    `below` (draft_when_active_below) and an EOS, the first token comes from an AR pass (every row
+    active) and, once the rows that drew EOS have finished, the second from a drafting cycle."""
     params = sharp_params(SMALL, 11)  # a non-flat p
     small_lora = LoraConfig(rank=2, alpha=4.0)
     lp = jax.tree.map(lambda x: x + 0.3, lora_lib.init_lora(SMALL, small_lora, jax.random.PRNGKey(12)))
@@ -285,14 +333,22 @@ def test_first_two_tokens_joint_distribution(drafter, passes):
     exact = two_token_distribution(params, SMALL, prompt, v)
 
     n = 60_000
+    eos = None if below is None else int(np.argmax(exact.sum(1)))  # the likeliest first token ends its row
     gc = GenerationConfig(mode="spec", max_new_tokens=2, temperature=1.0, draft_length=3, drafter=drafter,
-                          draft_passes=passes)
+                          draft_passes=passes, eos_token_id=eos)
     tokens = jnp.broadcast_to(jnp.asarray(prompt, jnp.int32), (n, len(prompt)))
     raw = spec.spec_decode(params, lp if drafter == "lora" else None, tokens, jnp.full((n,), len(prompt), jnp.int32),
-                           jax.random.PRNGKey(13), jnp.int32(2), config=SMALL, gcfg=gc,
-                           lora=small_lora if drafter == "lora" else None)
+                           jax.random.PRNGKey(13), jnp.int32(2), None if below is None else jnp.float32(below),
+                           config=SMALL, gcfg=gc, lora=small_lora if drafter == "lora" else None)
     out = np.asarray(raw["tokens"])
-    assert (np.asarray(raw["lengths"]) == 2).all() and out.max() < v
+    if eos is not None:  # a row that drew EOS has no second token: compare P(EOS) as the whole first row
+        ended = out[:, 0] == eos
+        assert (np.asarray(raw["lengths"]) == np.where(ended, 1, 2)).all()
+        assert (np.asarray(raw["row_draft_cycles"]) == np.where(ended, 0, 1)).all()  # AR pass, then a draft
+        out = np.where(ended[:, None], [[eos, 0]], out)
+        exact = exact.copy()
+        exact[eos] = [exact[eos].sum()] + [0.0] * (v - 1)
+    assert (eos is not None or (np.asarray(raw["lengths"]) == 2).all()) and out.max() < v
     tv = two_token_tv(out, exact)
     # sampling noise alone gives E[TV] ≈ 0.5 Σ sqrt(2 p / (π n)) ≤ 0.011 here
     assert tv < 0.025, (tv, exact)

@@ -76,9 +76,10 @@ def group_advantages(rewards, num_generations: int) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- rollouts and log-probabilities
-def rollout_batch(prompts: list[list[int]], output, pad_id: int) -> dict:
+def rollout_batch(prompts: list[list[int]], output, pad_id: int, width: int | None = None) -> dict:
     """The rollouts of one `generate()` call as a scoring batch (NumPy):
-    tokens int32 [N, P + G] (prompt_i + completion_i, right-padded with `pad_id`), prompt_lengths [N],
+    tokens int32 [N, W] (prompt_i + completion_i, right-padded with `pad_id`; W = `width`, default the
+    longest prompt + G), prompt_lengths [N],
     completions int32 [N, G], mask bool [N, G] (the completion's tokens, EOS included) and
     old_logprobs float32 [N, G] (the sampler's, 0 outside the mask)."""
     if output.logprobs is None:
@@ -89,7 +90,10 @@ def rollout_batch(prompts: list[list[int]], output, pad_id: int) -> dict:
         raise ValueError(f"prompts: expected {n} (one per rollout row), got {len(prompts)}")
     prompt_lengths = np.asarray([len(p) for p in prompts], np.int32)
     mask = np.arange(g)[None, :] < np.asarray(output.lengths)[:, None]
-    tokens = np.full((n, int(prompt_lengths.max()) + g), pad_id, np.int32)
+    need = int(prompt_lengths.max()) + g
+    if width is not None and width < need:
+        raise ValueError(f"width={width}: expected ≥ the longest prompt + max_new_tokens = {need}")
+    tokens = np.full((n, need if width is None else width), pad_id, np.int32)
     for i, prompt in enumerate(prompts):
         tokens[i, :len(prompt)] = prompt
         tokens[i, len(prompt):len(prompt) + g] = np.where(mask[i], output.tokens[i], pad_id)

@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, Sequence
 
 import numpy as np
@@ -27,7 +28,13 @@ def format_reward(record: dict, completion: str) -> float:
     return float(answers.extract(completion) is not None)
 
 
-DEFAULT_REWARDS: tuple[tuple[RewardFn, float], ...] = ((answer_reward, 1.0), (format_reward, 0.1))
+def default_rewards(fmt: PromptFormat = PromptFormat()) -> tuple[tuple[RewardFn, float], ...]:
+    """The answer term (the record's answer read with the prompt format `fmt`) plus 0.1 × the format term."""
+    answer = answer_reward if fmt == PromptFormat() else functools.partial(answer_reward, fmt=fmt)
+    return ((answer, 1.0), (format_reward, 0.1))
+
+
+DEFAULT_REWARDS = default_rewards()
 
 
 def score(records: Sequence[dict], completions: Sequence[str],

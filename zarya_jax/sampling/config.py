@@ -23,7 +23,7 @@ COMMON_KNOBS = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_p
 MODE_KNOBS = {"ar": COMMON_KNOBS, "mdm": COMMON_KNOBS + ("steps", "alpha0", "mdm_order", "mdm_sequential"),
               "slotted": COMMON_KNOBS + ("slot_size", "serial_num_blocks", "slot_threshold", "token_threshold",
                                          "ar_infill", "ar_first_token"),
-              "spec": COMMON_KNOBS + ("draft_length", "fused", "draft_passes")}
+              "spec": COMMON_KNOBS + ("draft_length", "fused", "draft_passes", "draft_when_active_below")}
 ROUTING_FIELDS = ("mode", "slotted_generation", "drafter")
 
 
@@ -65,6 +65,10 @@ class GenerationConfig:
       re-drafts the block from pass k−1's drafts, the last pass's q is verified (lossless for any k).
     fused: mode "spec" with drafter "self" in one forward pass per cycle (docs/algorithms.md §7.5; `draft_length`
       is its K drafts per cycle).
+    draft_when_active_below: mode "spec" (not fused): a cycle drafts only while the still-active rows are
+      at most this fraction of the batch, else it is one AR pass (one token, one forward): speculation
+      where decoding is memory-bound, in the same compiled loop (traced: no recompile per value). 1.0
+      drafts every cycle, 0.0 never drafts (plain AR through the spec loop).
     eos_token_id: None → the model config's; stop_at_eos: a row stops after its first EOS.
     prompt_bucket: padded prompt length is rounded up to a multiple of it (bounds the compiles).
     kv_cache_dtype: K/V storage of the cache, "auto" (the model's compute dtype) or one of
@@ -92,6 +96,7 @@ class GenerationConfig:
     drafter: str = "lora"
     fused: bool = False
     draft_passes: int = 1
+    draft_when_active_below: float = 1.0
     eos_token_id: int | None = None
     prompt_bucket: int = 16
     stop_at_eos: bool = True
@@ -152,6 +157,16 @@ class GenerationConfig:
         if self.draft_passes > 1 and (self.resolved_mode != "spec" or self.drafter != "lora"):
             raise ValueError(f"GenerationConfig.draft_passes={self.draft_passes} re-drafts with the LoRA drafter; got "
                              f"mode={self.resolved_mode!r}, drafter={self.drafter!r} (expected mode='spec', drafter='lora')")
+        if not (isinstance(self.draft_when_active_below, (int, float)) and not isinstance(self.draft_when_active_below, bool)
+                and 0.0 <= self.draft_when_active_below <= 1.0):
+            raise ValueError(f"GenerationConfig.draft_when_active_below={self.draft_when_active_below!r}: expected a "
+                             "fraction of the batch's rows in [0, 1]")
+        if self.draft_when_active_below != 1.0 and self.drafter == "model":
+            raise ValueError(f"GenerationConfig.draft_when_active_below={self.draft_when_active_below}: the draft-model "
+                             "loop drafts every cycle (expected 1.0 with drafter='model')")
+        if self.fused and self.draft_when_active_below != 1.0:
+            raise ValueError(f"GenerationConfig.draft_when_active_below={self.draft_when_active_below}: the fused "
+                             "self-speculation loop drafts every cycle (expected 1.0 with fused=True)")
         if self.resolved_mode == "slotted" and self.slot_size > self.max_new_tokens:
             raise ValueError(
                 f"GenerationConfig.slot_size={self.slot_size} does not fit max_new_tokens={self.max_new_tokens}: "

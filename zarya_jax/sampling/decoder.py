@@ -15,6 +15,7 @@ fetching the result and assembling the `GenerationOutput` — and a `Decoder` do
 - `check(config, gcfg, weights, weights_config)`: mode-specific validation at the edge, before compiling;
   the drafter's weights and their config are the adapter (`lora_params`, `lora`), or the draft model
   (`draft_params`, `draft_config`) for a decoder that `uses_draft_model`.
+- `knobs(gcfg)`: the mode's traced knobs (`dyn`), default mode B's `slotted.Knobs`.
 """
 from __future__ import annotations
 
@@ -41,3 +42,4 @@ class Decoder:
     check: Callable[..., None] = no_check
     uses_adapter: bool = False
     uses_draft_model: bool = False
+    knobs: Callable[..., Any] | None = None

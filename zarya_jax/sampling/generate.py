@@ -4,8 +4,8 @@ Every mode is a `decoder.Decoder` (`DECODERS`); `generate` does what they share.
 `jax.jit` with the model config, the generation config, the adapter config and `debug` static, so a
 program is compiled once per (batch size, prompt bucket, model config, generation config) and a call
 with new prompts of the same bucket reuses it. Mode B's thresholds (`slot_threshold`,
-`token_threshold`) and AR corrections (`ar_infill`, `ar_first_token`) are passed as traced scalars
-instead, so sweeping them reuses one program.
+`token_threshold`) and AR corrections (`ar_infill`, `ar_first_token`), and Ψ-Spec's
+`draft_when_active_below`, are passed as traced scalars instead, so sweeping them reuses one program.
 `TRACE_COUNTS[mode]` counts traces (for tests).
 """
 from __future__ import annotations
@@ -23,7 +23,8 @@ from ..nn import hf_params
 from .prompts import as_prompt_list, pad_prompts
 
 TRACE_COUNTS: collections.Counter = collections.Counter()
-DYNAMIC_FIELDS = slotted.KNOBS  # the fields passed traced (`slotted.Knobs`), reset in the static key
+# the fields passed traced (`slotted.Knobs`, `spec.Knobs`), reset in the static key
+DYNAMIC_FIELDS = slotted.KNOBS + spec.KNOBS
 DECODERS: dict[str, Decoder] = {"ar": ar.DECODER, "ar_uncached": ar.UNCACHED, "mdm": mdm.DECODER,
                                 "slotted": slotted.DECODER, "spec": spec.DECODER, "spec_fused": fused.DECODER,
                                 "spec_model": spec_model.DECODER}
@@ -85,7 +86,7 @@ def generate(params, config, prompts, generation_config: GenerationConfig, key, 
     adapter = decoder.uses_adapter and mode == "spec" and gc.drafter == "lora"
     _, pad = decoding.special_ids(config, gc)
     tokens, lengths = pad_prompts(prompts, gc.prompt_bucket, pad)
-    dyn = slotted.Knobs.of(gc)
+    dyn = (decoder.knobs or slotted.Knobs.of)(gc)
     static_gc = static_key(gc)  # the runtime fields are traced instead: no recompile per value
     raw = _JITTED[name](params, lora_params if adapter else None, draft_params if drafting else None,
                         jnp.asarray(tokens), jnp.asarray(lengths), key, dyn, config=config, gcfg=static_gc,

@@ -40,11 +40,13 @@ other modes); `spec_decode` is the jitted decode itself, with the cycle budget a
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
 from ..config import ConfigError, LoraConfig, ModelConfig
 from ..nn import kv_cache
@@ -208,16 +210,21 @@ def running(max_cycles: Array, gcfg: GenerationConfig):
 
 
 @functools.partial(jax.jit, static_argnames=("config", "gcfg", "lora"))
-def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array, max_cycles: Array, *,
-                config: ModelConfig, gcfg: GenerationConfig, lora: LoraConfig | None = None) -> dict:
+def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array, max_cycles: Array,
+                draft_below: Array | None = None, *, config: ModelConfig, gcfg: GenerationConfig,
+                lora: LoraConfig | None = None) -> dict:
     """Ψ-Spec decode (module doc). prompts int [b, P] right-padded, lengths int [b] ≥ 1; max_cycles
     int32 scalar (traced: stopping early reuses the program; cycle k's randomness is fold_in(key, k)).
+    draft_below: float32 scalar or None (traced, `GenerationConfig.draft_when_active_below`): a cycle
+    drafts only while the active rows are at most this fraction of the batch, else it is one AR pass
+    (`ar_cycle`); None drafts every cycle.
 
     `gcfg` gives max_new_tokens G, draft_length F, drafter, temperature/top-k/top-p/repetition
     penalty (applied identically to p and q, so the target is exactly the AR sampler's distribution),
     EOS. Returns {'tokens' [b, G] (pad after the end), 'lengths' [b] (first EOS included),
     'logprobs' [b, G] (`decoding.logprobs_of` each token under the AR model, 0 after the end),
-    'num_forward_passes' [b], 'loop_passes', 'row_cycles' [b], 'accepted_sum', 'accepted_at' [F],
+    'num_forward_passes' [b], 'loop_passes', 'row_cycles' [b] (cycles of either kind), 'row_draft_cycles'
+    [b], 'accepted_sum', 'accepted_at' [F],
     'reached_at' [F], 'cache', 'seed' [b], 'positions' [b]}; `summarize` derives the statistics.
     """
     F = gcfg.draft_length
@@ -238,9 +245,11 @@ def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array,
     idx_f = jnp.arange(F, dtype=jnp.int32)[None, :]
     idx_o = jnp.arange(F + 1, dtype=jnp.int32)[None, :]
 
-    state = dict(cache=cache, seed=seed, n=lengths, **loop_state(prompts, lengths, config, gcfg, F))
+    state = dict(cache=cache, seed=seed, n=lengths, **loop_state(prompts, lengths, config, gcfg, F),
+                 row_draft_cycles=jnp.zeros((b,), jnp.int32), row_passes=jnp.ones((b,), jnp.int32),
+                 loop_passes=jnp.int32(1))
 
-    def body(s):
+    def spec_cycle(s):
         kc = jax.random.fold_in(key, s["cycle"])
         k_noise, k_draw, k_acc = jax.random.split(kc, 3)
         active = ~s["done"]
@@ -279,15 +288,41 @@ def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array,
         accepted = (idx_f <= m[:, None]) & active[:, None]
         return dict(cache=c, seed=jnp.where(active, nxt, s["seed"]), n=jnp.where(active, n + m + 2, n), out=out,
                     logprobs=logprobs, g=g, done=done, cycle=s["cycle"] + 1, row_cycles=s["row_cycles"] + act,
-                    accepted_sum=s["accepted_sum"] + jnp.sum((m + 1) * act),
+                    row_draft_cycles=s["row_draft_cycles"] + act, row_passes=s["row_passes"] + per_cycle * act,
+                    loop_passes=s["loop_passes"] + per_cycle, accepted_sum=s["accepted_sum"] + jnp.sum((m + 1) * act),
                     accepted_at=s["accepted_at"] + accepted.sum(0).astype(jnp.int32),
                     reached_at=s["reached_at"] + reached.sum(0).astype(jnp.int32),
                     presence=decoding.add_presence(s["presence"], new, write))
 
+    def ar_cycle(s):
+        # One AR pass over the seed: c0 ~ p0 is emitted and becomes the next seed (its K/V is committed
+        # next cycle, as a spec cycle's correction/bonus would be): one token per forward, no drafting.
+        active = ~s["done"]
+        logits, kv = model_lib.apply(params, config, s["seed"][:, None], (s["n"] - 1)[:, None], cache=s["cache"])
+        pres = None if s["presence"] is None else s["presence"][:, None, :]
+        k_draw = jax.random.split(jax.random.fold_in(key, s["cycle"]), 3)[1]
+        c0 = draw(k_draw, logits, pres)
+        out, logprobs, g, finished, write = decoding.emit(s["out"], s["logprobs"], s["g"], active, c0,
+                                                          jnp.ones((b,), jnp.int32), logits, eos, config=config,
+                                                          gcfg=gcfg)
+        act = active.astype(jnp.int32)
+        return {**s, "cache": kv_cache.commit(s["cache"], kv, active[:, None]),
+                "seed": jnp.where(active, c0[:, 0], s["seed"]), "n": jnp.where(active, s["n"] + 1, s["n"]),
+                "out": out, "logprobs": logprobs, "g": g, "done": s["done"] | finished, "cycle": s["cycle"] + 1,
+                "row_cycles": s["row_cycles"] + act, "row_passes": s["row_passes"] + act,
+                "loop_passes": s["loop_passes"] + 1,
+                "presence": decoding.add_presence(s["presence"], c0, write)}
+
+    def body(s):
+        if draft_below is None:
+            return spec_cycle(s)
+        few = jnp.sum(~s["done"]) <= draft_below * b
+        return jax.lax.cond(few, spec_cycle, ar_cycle, s)
+
     s = jax.lax.while_loop(running(max_cycles, gcfg), body, state)
     return {"tokens": s["out"], "lengths": s["g"], "logprobs": s["logprobs"],
-            "num_forward_passes": 1 + per_cycle * s["row_cycles"],
-            "loop_passes": 1 + per_cycle * s["cycle"], "row_cycles": s["row_cycles"], "accepted_sum": s["accepted_sum"],
+            "num_forward_passes": s["row_passes"], "loop_passes": s["loop_passes"], "row_cycles": s["row_cycles"],
+            "row_draft_cycles": s["row_draft_cycles"], "accepted_sum": s["accepted_sum"],
             "accepted_at": s["accepted_at"], "reached_at": s["reached_at"], "cache": s["cache"],
             "seed": s["seed"], "positions": s["n"]}
 
@@ -295,16 +330,18 @@ def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array,
 def summarize(raw: dict) -> dict:
     """Derived statistics (host floats) from `spec_decode`'s counters (see module doc)."""
     row_cycles = max(int(np.sum(raw["row_cycles"])), 1)
+    draft_cycles = int(np.sum(raw.get("row_draft_cycles", raw["row_cycles"])))
     generated = int(np.sum(raw["lengths"]))
     reached = np.maximum(np.asarray(raw["reached_at"]), 1)
     return {"cycles": int(np.max(raw["row_cycles"])), "loop_passes": int(raw["loop_passes"]),
-            "accepted_per_cycle": float(raw["accepted_sum"]) / row_cycles,
+            "draft_cycles": draft_cycles,  # row-cycles that drafted (the others were AR passes)
+            "accepted_per_cycle": float(raw["accepted_sum"]) / max(draft_cycles, 1),
             "tokens_per_cycle": generated / row_cycles,
             # decode passes = every pass but the prefill (two per cycle here; one per cycle + the bootstrap fused)
             "tokens_per_forward": generated / max(int(np.sum(np.asarray(raw["num_forward_passes"]) - 1)), 1),
             "acceptance_by_position": (np.asarray(raw["accepted_at"]) / reached).tolist(),
             # the counts behind the ratios, so callers can pool several calls exactly (`pool_acceptance`)
-            "counts": {"row_cycles": row_cycles, "accepted": int(raw["accepted_sum"]),
+            "counts": {"draft_cycles": draft_cycles, "accepted": int(raw["accepted_sum"]),
                        "accepted_at": np.asarray(raw["accepted_at"]).tolist(),
                        "reached_at": np.asarray(raw["reached_at"]).tolist()}}
 
@@ -312,7 +349,7 @@ def summarize(raw: dict) -> dict:
 def pool_acceptance(counts: list[dict]) -> dict:
     """`accepted_per_cycle` and `acceptance_by_position` over several calls' `stats["counts"]` (e.g. the
     batches of an evaluation): ratios of the summed counts, not means of per-call ratios."""
-    cycles = max(sum(c["row_cycles"] for c in counts), 1)
+    cycles = max(sum(c["draft_cycles"] for c in counts), 1)
     accepted_at = np.sum([c["accepted_at"] for c in counts], axis=0)
     reached_at = np.maximum(np.sum([c["reached_at"] for c in counts], axis=0), 1)
     return {"accepted_per_cycle": sum(c["accepted"] for c in counts) / cycles,
@@ -333,10 +370,10 @@ def check(config: ModelConfig, gcfg: GenerationConfig, lora_params, lora: LoraCo
 
 def run(params, tokens: Array, lengths: Array, key: Array, *, config: ModelConfig, gcfg: GenerationConfig,
         debug: bool = False, dyn: dict | None = None, lora_params=None, lora: LoraConfig | None = None) -> dict:
-    """The decoder's run: `spec_decode` with the whole budget (at most `max_new_tokens` cycles), without
-    the final cache."""
-    raw = spec_decode(params, lora_params, tokens, lengths, key, jnp.int32(gcfg.max_new_tokens), config=config,
-                      gcfg=gcfg, lora=lora)
+    """The decoder's run: `spec_decode` with the whole budget (at most `max_new_tokens` cycles) and the
+    traced `draft_when_active_below` of `dyn` (`Knobs`), without the final cache."""
+    raw = spec_decode(params, lora_params, tokens, lengths, key, jnp.int32(gcfg.max_new_tokens),
+                      None if dyn is None else dyn.draft_when_active_below, config=config, gcfg=gcfg, lora=lora)
     return {k: v for k, v in raw.items() if k != "cache"}
 
 
@@ -345,4 +382,18 @@ def stats(raw: dict, gcfg: GenerationConfig, tokens: np.ndarray, lengths: np.nda
             **summarize(raw)}
 
 
-DECODER = Decoder(run, stats, check, uses_adapter=True)
+@struct.dataclass
+class Knobs:
+    """Ψ-Spec's knobs passed as traced scalars (one program for every value): the fraction of the
+    batch's rows at or below which a cycle drafts (`GenerationConfig.draft_when_active_below`)."""
+
+    draft_when_active_below: Array
+
+    @classmethod
+    def of(cls, gcfg: GenerationConfig) -> "Knobs":
+        return cls(draft_when_active_below=jnp.asarray(gcfg.draft_when_active_below, jnp.float32))
+
+
+KNOBS = tuple(f.name for f in dataclasses.fields(Knobs))  # the GenerationConfig fields that are traced
+
+DECODER = Decoder(run, stats, check, uses_adapter=True, knobs=Knobs.of)

@@ -1,0 +1,199 @@
+"""The GRPO trainer: one optimizer step on a fixed batch against a NumPy loss with log-probabilities from
+independent full forwards, exact resume after an interruption mid-step (the refreshed drafter's
+state included), and each arm as a seconds-long run of `python -m experiments.rl` in process."""
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import rl as rl_cli
+from test_rl_grpo import numpy_loss
+from zarya_jax import checkpoint
+from zarya_jax.config import LoraConfig
+from zarya_jax.data.tokenizer import ByteTokenizer
+from zarya_jax.eval import tasks
+from zarya_jax.nn import lora as lora_lib
+from zarya_jax.nn import model as model_lib
+from zarya_jax.rl import config as rl_config
+from zarya_jax.rl import demo, grpo, rollout, trainer
+from zarya_jax.rl.plots import rl_plot
+from zarya_jax.train import sharding as shd
+from zarya_jax.train.optim import OptimConfig
+from zarya_jax.train.step import build_optimizer, init_state, make_train_step
+
+
+def digit_reward(record: dict, completion: str) -> float:
+    """A reward a random model earns sometimes (so the advantages, and the updates, are not zero)."""
+    return sum(c.isdigit() for c in completion) / max(len(completion), 1)
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory, tiny_config, tiny_params):
+    root = tmp_path_factory.mktemp("rl")
+    lora = LoraConfig(rank=4, alpha=8.0)
+    paths = {"root": str(root),
+             "ckpt": checkpoint.save(root / "ckpt", tiny_params, tiny_config, tokenizer=ByteTokenizer()),
+             "adapter": str(lora_lib.save(root / "adapter", lora_lib.init_lora(tiny_config, lora,
+                                                                                jax.random.PRNGKey(1)), lora).parent),
+             "train": str(root / "train.jsonl"), "eval": str(root / "eval.jsonl")}
+    tasks.write_jsonl(paths["train"], tasks.generate(8, seed=0, difficulty=1))
+    tasks.write_jsonl(paths["eval"], tasks.generate(4, seed=1, difficulty=1))
+    return paths
+
+
+def small(s, *extra):
+    return ["--set", f"data.train={s['train']}", "--set", "rl.max_new_tokens=8", "--set", "rl.prompts_per_step=2",
+            "--set", "rl.num_generations=2", "--set", "train.progress_bar=false", "--set", "optim.lr=1e-3",
+            "--set", "rl.reward=test_rl_trainer.digit_reward", "--set", "mesh.num_devices=2", *extra]
+
+
+# --------------------------------------------------------------------------- one step vs NumPy
+def test_one_grpo_step_matches_numpy(tiny_config, tiny_params):
+    """The trainer's sharded step on a fixed batch: its loss equals the NumPy loss of log-probabilities
+    from one full forward per row, its gradient (norm and AdamW's first update, −lr·g/(|g| + eps)) the
+    chain rule of NumPy's d loss / d log π through those forwards."""
+    cfg, params = tiny_config, tiny_params
+    rng = np.random.default_rng(0)
+    n, g, lengths = 4, 5, [3, 6, 4, 2]
+    comp = rng.integers(0, 250, (n, g)).astype(np.int32)
+    counts = np.array([5, 2, 4, 3])
+    mask = np.arange(g)[None] < counts[:, None]
+    width = max(lengths) + g
+    tokens = np.full((n, width), cfg.pad_token_id, np.int32)
+    for i in range(n):
+        tokens[i, :lengths[i]] = rng.integers(0, 250, lengths[i])
+        tokens[i, lengths[i]:lengths[i] + counts[i]] = comp[i, :counts[i]]
+
+    def independent_logprobs(p):  # one causal forward per row over prompt + completion, mask token banned
+        rows = []
+        for i in range(n):
+            seq = jnp.asarray(tokens[i, :lengths[i] + counts[i]])[None]
+            logits = model_lib.forward(p, cfg, seq)[0].at[:, cfg.mask_token_id].set(-jnp.inf)
+            lp = jax.nn.log_softmax(logits, -1)
+            picked = [lp[lengths[i] - 1 + t, comp[i, t]] if t < counts[i] else 0.0 for t in range(g)]
+            rows.append(jnp.stack([jnp.asarray(x, jnp.float32) for x in picked]))
+        return jnp.stack(rows)
+
+    lp = np.asarray(independent_logprobs(params), np.float64)
+    old = np.where(mask, lp + rng.normal(0, 0.3, (n, g)), 0)
+    ref = np.where(mask, lp + rng.normal(0, 0.3, (n, g)), 0)
+    adv = rng.normal(0, 1, n)
+    eps, beta, lr, mode = 0.2, 0.1, 1e-3, "sequence-mean-token-mean"
+    want_loss, dlp = numpy_loss(lp, old, ref, adv, mask, eps, beta, mode)
+    want_grad = jax.grad(lambda p: jnp.sum(independent_logprobs(p) * jnp.asarray(dlp, jnp.float32)))(params)
+
+    gcfg = grpo.GRPOConfig(num_generations=2, beta=beta, epsilon=eps, loss_agg_mode=mode)
+    optim = OptimConfig(lr=lr, warmup_steps=0, schedule="constant", weight_decay=0.0, clip_norm=0.0)
+    optimizer, _ = build_optimizer(optim, 1, params)
+    mesh = shd.make_mesh(shd.MeshConfig(num_devices=1))
+    step = jax.jit(lambda st, b: make_train_step(trainer.grpo_objective(cfg, gcfg, 1.0), optimizer, optim, 1,
+                                                 mesh)(st, None, b, None))
+    batch = {"tokens": tokens, "prompt_lengths": np.asarray(lengths, np.int32)[:, None],
+             "completions": comp, "mask": mask, "old_logprobs": old.astype(np.float32),
+             "advantages": adv.astype(np.float32)[:, None], "ref_logprobs": ref.astype(np.float32)}
+    state = init_state(params, optimizer, jax.random.PRNGKey(0))
+    new, metrics = step(state, {k: jnp.asarray(v) for k, v in batch.items()})
+    assert int(metrics["bad_step"]) == -1 and int(new["step"]) == 1
+    np.testing.assert_allclose(float(metrics["loss"]), want_loss, rtol=1e-4, atol=1e-6)
+    flat_g = np.concatenate([np.ravel(x) for x in jax.tree.leaves(want_grad)])
+    np.testing.assert_allclose(float(metrics["grad_norm"]), np.linalg.norm(flat_g), rtol=1e-3)
+    for p0, p1, gr in zip(jax.tree.leaves(params), jax.tree.leaves(new["params"]), jax.tree.leaves(want_grad)):
+        gr = np.asarray(gr, np.float64)
+        big = np.abs(gr) > 1e-5  # away from 0, where AdamW's first step is −lr·sign(g)
+        moved = (np.asarray(p1, np.float64) - np.asarray(p0, np.float64))
+        np.testing.assert_allclose(moved[big], -lr * gr[big] / (np.abs(gr[big]) + optim.eps), rtol=1e-3, atol=1e-7)
+
+
+# --------------------------------------------------------------------------- resume
+def _rows(workdir, timing=("rollout_s", "update_s")):
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return [{k: v for k, v in json.loads(line).items() if k not in timing} for line in f]
+
+
+def test_resume_after_interruption_is_bit_exact(scratch, monkeypatch, compile_cache):
+    """Killed mid-step (after its rollouts, before its update) and rerun: the same params, drafter and
+    metrics as one uninterrupted run, bit for bit."""
+    argv = ["--base", scratch["ckpt"], "--arm", "refreshed", "--adapter", scratch["adapter"],
+            *small(scratch, "--set", "train.steps=4", "--set", "train.save_every=2", "--set", "rl.refresh_every=1",
+                   "--set", "rl.refresh_steps=1", "--set", f"data.eval={scratch['eval']}", "--set",
+                   "data.eval_size=2", "--set", "train.eval_every=2")]
+    whole, parts = os.path.join(scratch["root"], "whole"), os.path.join(scratch["root"], "parts")
+    assert rl_cli.main(["--workdir", whole, *argv]) == 0
+
+    real, calls = rollout.sample, []
+
+    def dies_at_the_third_step(*a, **k):
+        calls.append(1)
+        out = real(*a, **k)
+        if len(calls) == 3:
+            raise KeyboardInterrupt("killed")
+        return out
+
+    monkeypatch.setattr(rollout, "sample", dies_at_the_third_step)
+    assert rl_cli.main(["--workdir", parts, *argv]) == 130
+    monkeypatch.setattr(rollout, "sample", real)
+    assert not os.path.exists(os.path.join(parts, "final"))
+    assert rl_cli.main(["--workdir", parts, *argv]) == 0
+    for name in ("final", "adapter"):
+        a = {k: v for k, v in checkpoint.load(os.path.join(whole, "final"))[0].items()} if name == "final" else \
+            lora_lib.load(os.path.join(whole, name))[0]
+        b = {k: v for k, v in checkpoint.load(os.path.join(parts, "final"))[0].items()} if name == "final" else \
+            lora_lib.load(os.path.join(parts, name))[0]
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert _rows(whole) == _rows(parts)
+    rows = _rows(whole)
+    assert any(r.get("grad_norm", 0) > 0 for r in rows) and any("drafter_tv" in r for r in rows)
+    assert [r["step"] for r in rows if "eval_exact_match" in r] == [0, 2, 4]
+    # the demo's report of that arm: its row, table and plot
+    summary = json.load(open(os.path.join(whole, "summary.json")))
+    row = demo.arm_result("refreshed", whole, summary)
+    assert row["curves"]["exact_match"] == [(r["step"], r["eval_exact_match"]) for r in rows if "eval_exact_match" in r]
+    assert row["accepted_start"] == rows[1]["accepted_per_cycle"] and len(row["curves"]["accepted_per_cycle"]) == 4
+    assert "| refreshed |" in demo.report_markdown({"arms": [row]})
+    rl_plot([row], os.path.join(scratch["root"], "report.png"))
+    assert os.path.getsize(os.path.join(scratch["root"], "report.png")) > 0
+    base = checkpoint.load(scratch["ckpt"])[0]
+    assert any(not np.array_equal(np.asarray(x), np.asarray(y))
+               for x, y in zip(jax.tree.leaves(base), jax.tree.leaves(checkpoint.load(os.path.join(whole, "final"))[0])))
+
+
+# --------------------------------------------------------------------------- each arm
+@pytest.mark.parametrize("arm", ["ar", "self", "frozen"])
+def test_each_arm_smoke(scratch, arm, capsys, compile_cache):
+    workdir = os.path.join(scratch["root"], f"arm-{arm}")
+    adapter = ["--adapter", scratch["adapter"]] if arm == "frozen" else []
+    argv = ["--base", scratch["ckpt"], "--workdir", workdir, "--arm", arm, *adapter,
+            *small(scratch, "--set", "train.steps=2", "--set",
+                   f"rl.draft_when_active_below={0.75 if arm == 'frozen' else 1.0}")]
+    assert rl_cli.main(argv) == 0
+    rows = _rows(workdir, timing=())
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["rollout_s"] > 0 and 0 < r["active_rows"] <= 1 and np.isfinite(r["loss"])
+        assert abs(r["ratio"] - 1.0) < 1e-3  # π_old = the sampler's log-probabilities = the policy's
+        if arm == "ar":
+            assert r["tokens_per_forward"] <= 1.0 and "accepted_per_cycle" not in r
+        elif r["draft_cycles"] or arm == "self":  # the self arm drafts every cycle
+            assert r["accepted_per_cycle"] >= 1.0 and r["acceptance_pos0"] == 1.0
+        else:  # every row ran to the budget: all cycles were AR passes
+            assert "accepted_per_cycle" not in r and r["tokens_per_forward"] <= 1.0
+    summary = json.loads(open(os.path.join(workdir, "summary.json")).read())
+    assert summary["status"] == "completed" and summary["step"] == 2 and os.path.isdir(summary["final_params"])
+    # a rerun of a finished run does nothing and keeps its outputs; another run there is refused
+    assert rl_cli.main(argv) == 0 and len(_rows(workdir)) == 2
+    capsys.readouterr()
+    assert rl_cli.main(argv + ["--set", "rl.beta=0.5"]) == 2
+    assert "rl.beta" in capsys.readouterr().err
+
+
+def test_config_refuses_off_policy_modes_and_tiny_groups():
+    with pytest.raises(ValueError, match="not on-policy"):
+        rl_config.build(["rl.arm=slotted"])
+    with pytest.raises(ValueError, match="num_generations=1"):
+        rl_config.build(["rl.num_generations=1"])
+    with pytest.raises(ValueError, match="does not import"):
+        rl_config.load_reward("no_such_module.reward")

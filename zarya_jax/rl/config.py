@@ -1,0 +1,200 @@
+"""The GRPO run's configuration tree (`RLConfig`: sections rl, data, optim, mesh, train) and what it
+resolves to: the rollout sampler of each arm and the reward functions.
+
+Arms (`rl.arm`), the sampler of the rollouts — each is the AR policy exactly (lossless), so the arms
+differ only in speed:
+- "ar": `generate(mode="ar")`;
+- "frozen": Ψ-Spec with a LoRA drafter (`--adapter`) trained once before RL and never updated;
+- "refreshed": the same drafter, refreshed every `rl.refresh_every` RL steps by `rl.refresh_steps`
+  TV-loss steps on the latest rollouts with the current policy as the teacher;
+- "self": Ψ-Spec with the Zarya self-drafter, whose weights are the RL policy's.
+Modes "mdm" and "slotted" accept tokens by thresholds, so their rollouts are not the policy's samples:
+they are refused by name.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any
+
+from .. import overrides as ov
+from ..config import MAX_STEPS, ConfigError, PromptFormat
+from ..sampling import GenerationConfig
+from ..train.optim import OptimConfig
+from ..train.sharding import MeshConfig
+from ..train.trackers import TRACKERS
+from .grpo import GRPOConfig, LOSS_AGG_MODES
+from .rewards import default_rewards
+
+ARMS = ("ar", "frozen", "refreshed", "self")
+LORA_ARMS = ("frozen", "refreshed")
+OFF_POLICY_MODES = ("mdm", "slotted")
+
+
+@dataclasses.dataclass(frozen=True)
+class RLSection:
+    """GRPO (tunix's `GRPOConfig` names: num_generations, beta, epsilon, num_iterations, loss_agg_mode),
+    the rollouts (prompts_per_step prompts × num_generations completions, sampled at `temperature` /
+    `top_k` with up to `max_new_tokens` tokens; `draft_length` and `draft_when_active_below` for the
+    spec arms), the reward (a dotted import path `module.function` of a function (record, completion
+    text) → float; "" = exact match of the final `####` answer + 0.1 × the format term) and the
+    refreshed drafter's schedule."""
+
+    arm: str = "ar"
+    num_generations: int = 4
+    beta: float = 0.04
+    epsilon: float = 0.2
+    num_iterations: int = 1
+    loss_agg_mode: str = "sequence-mean-token-mean"
+    prompts_per_step: int = 4
+    max_new_tokens: int = 48
+    temperature: float = 1.0
+    top_k: int = 0
+    draft_length: int = 4
+    draft_when_active_below: float = 1.0
+    reward: str = ""
+    refresh_every: int = 5
+    refresh_steps: int = 4
+    refresh_lr: float = 1e-4
+
+    def __post_init__(self):
+        if self.arm in OFF_POLICY_MODES:
+            raise ConfigError(f"rl.arm={self.arm!r}: mode {self.arm!r} accepts tokens by confidence thresholds, so "
+                              f"its rollouts are not samples of the AR policy (not on-policy); expected one of "
+                              f"{ARMS} (AR or lossless Ψ-Spec rollouts)")
+        if self.arm not in ARMS:
+            raise ConfigError(f"rl.arm={self.arm!r}: expected one of {ARMS}")
+        if self.loss_agg_mode not in LOSS_AGG_MODES:
+            raise ConfigError(f"rl.loss_agg_mode={self.loss_agg_mode!r}: expected one of {LOSS_AGG_MODES}")
+        for name in ("num_generations",):
+            if getattr(self, name) < 2:
+                raise ConfigError(f"rl.num_generations={self.num_generations}: expected ≥ 2 (an advantage compares "
+                                  "a completion with the other completions of its prompt)")
+        for name in ("num_iterations", "prompts_per_step", "max_new_tokens", "draft_length", "refresh_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"rl.{name}={getattr(self, name)}: expected ≥ 1")
+        if self.refresh_steps < 0:
+            raise ConfigError(f"rl.refresh_steps={self.refresh_steps}: expected ≥ 0")
+        if not self.temperature > 0:
+            raise ConfigError(f"rl.temperature={self.temperature}: expected > 0 (GRPO needs sampled rollouts: "
+                              "a group of greedy completions is one completion repeated)")
+        if not self.refresh_lr > 0:
+            raise ConfigError(f"rl.refresh_lr={self.refresh_lr}: expected > 0")
+        self.grpo()  # beta / epsilon ranges
+        self.generation_config().validate()  # top_k, draft_when_active_below, …
+
+    def grpo(self) -> GRPOConfig:
+        return GRPOConfig(num_generations=self.num_generations, beta=self.beta, epsilon=self.epsilon,
+                          num_iterations=self.num_iterations, loss_agg_mode=self.loss_agg_mode)
+
+    def generation_config(self, eos_token_id: int | None = None) -> GenerationConfig:
+        """The rollout sampler of the arm."""
+        gc = GenerationConfig(mode="ar", max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+                              top_k=self.top_k, eos_token_id=eos_token_id)
+        if self.arm == "ar":
+            return gc
+        return gc.replace(mode="spec", drafter="self" if self.arm == "self" else "lora",
+                          draft_length=self.draft_length, draft_when_active_below=self.draft_when_active_below)
+
+
+@dataclasses.dataclass(frozen=True)
+class RLData:
+    """train: JSONL records (rendered with the base checkpoint's prompt format) whose prompts the
+    rollouts continue; eval: held-out records for the greedy exact match (the first `eval_size`)."""
+
+    train: str = ""
+    eval: str = ""
+    eval_size: int = 64
+
+    def __post_init__(self):
+        if self.eval_size < 0:
+            raise ConfigError(f"data.eval_size={self.eval_size}: expected ≥ 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class RLTrain:
+    """The loop: `steps` RL steps (each: rollouts, then `rl.num_iterations` optimizer updates); intervals
+    in RL steps (0 disables, the last step always logs, evaluates and saves)."""
+
+    steps: int = 20
+    seed: int = 0
+    log_every: int = 1
+    eval_every: int = 5
+    save_every: int = 5
+    keep: int = 2
+    async_checkpointing: bool = True
+    progress_bar: bool = True
+    tracker: str = "none"
+    tracker_project: str = "zarya"
+    tracker_group: str = ""
+    tracker_run: str = ""
+    verify_checkpoints: bool = True
+    distributed: str = "auto"
+
+    def __post_init__(self):
+        if not 1 <= self.steps <= MAX_STEPS:
+            raise ConfigError(f"train.steps={self.steps}: expected 1 … {MAX_STEPS}")
+        for name in ("log_every", "eval_every", "save_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"train.{name}={getattr(self, name)}: expected ≥ 0")
+        if self.keep < 1:
+            raise ConfigError(f"train.keep={self.keep}: expected ≥ 1 (the latest checkpoint is needed to resume)")
+        if self.tracker not in TRACKERS:
+            raise ConfigError(f"train.tracker={self.tracker!r}: expected one of {TRACKERS}")
+
+
+# RL fine-tuning moves a trained model: a small constant rate, no decay of the weights towards 0.
+RL_OPTIM = OptimConfig(lr=1e-5, warmup_steps=0, schedule="constant", weight_decay=0.0, clip_norm=1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+    rl: RLSection = RLSection()
+    data: RLData = RLData()
+    optim: OptimConfig = RL_OPTIM
+    mesh: MeshConfig = MeshConfig()
+    train: RLTrain = RLTrain()
+
+
+# Fields a resumed run may change without being a different run.
+RESUMABLE = {"train.log_every", "train.eval_every", "train.save_every", "train.keep", "train.async_checkpointing",
+             "train.progress_bar", "train.tracker", "train.tracker_project", "train.tracker_group",
+             "train.tracker_run", "train.verify_checkpoints", "train.distributed", "data.eval_size"}
+
+
+def build(overrides: Any = (), base: RLConfig = RLConfig()) -> RLConfig:
+    """The default tree (or `base`) with dotted overrides (`rl.beta=0.02`, `optim.lr=3e-6`)."""
+    return ov.apply(base, overrides)
+
+
+def knobs() -> list[tuple[str, str, Any]]:
+    return ov.keys(RLConfig)
+
+
+def load_reward(path: str, fmt: PromptFormat = PromptFormat()):
+    """The reward terms [(fn, weight)]: `rewards.default_rewards(fmt)` for "", else the function at the dotted path
+    `package.module.function` (weight 1). ConfigError when it does not import or is not callable."""
+    if not path:
+        return default_rewards(fmt)
+    module, _, name = path.rpartition(".")
+    if not module:
+        raise ConfigError(f"rl.reward={path!r}: expected a dotted import path module.function")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"rl.reward={path!r} does not import: {type(e).__name__}: {e}") from None
+    if not callable(fn):
+        raise ConfigError(f"rl.reward={path!r} is a {type(fn).__name__}, not a function (record, completion) → float")
+    return ((fn, 1.0),)
+
+
+def diff(a: RLConfig, b: RLConfig) -> list[str]:
+    """Dotted keys whose values differ beyond `RESUMABLE`, as 'key: a -> b'."""
+    da, db = ov.to_dict(a), ov.to_dict(b)
+    out = []
+    for section in da:
+        for k in sorted(set(da[section]) | set(db.get(section, {}))):
+            key = f"{section}.{k}"
+            if key not in RESUMABLE and da[section].get(k) != db.get(section, {}).get(k):
+                out.append(f"{key}: {da[section].get(k)!r} -> {db.get(section, {}).get(k)!r}")
+    return out

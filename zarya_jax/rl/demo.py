@@ -1,0 +1,133 @@
+"""The RL experiment (`python -m experiments.rl --demo`): GRPO with AR rollouts against lossless
+speculative rollouts, from one imperfect base, with the same seeds.
+
+Stages, each resumable in its own folder of the workdir:
+1. data/: the quickstart's arithmetic task at difficulty 2 (`eval.tasks`);
+2. train/: a short SFT of the quickstart's tiny Zarya (its training sections, `DEMO_SFT` steps: imperfect
+   on purpose, so RL has room to raise the exact match);
+3. drafter/: Uno's LoRA drafter on that checkpoint (the frozen and refreshed arms start from it);
+4. arms/<arm>/: `trainer.train_rl` per arm, every arm with the same config and seeds;
+5. report.json, report.md, report.png: per arm the held-out greedy exact match before and after, the
+   reward, the accepted draft tokens per cycle at the start and the end of RL, the rollout tokens per
+   forward and wall time; the plot draws exact match and accepted tokens per cycle against the RL step
+   and the speed per arm.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from .. import overrides as ov
+from ..config import PromptFormat
+from ..experiment import config as exp_config
+from ..experiment import stages
+from ..files import atomic_write, atomic_write_json
+from ..inference import load_for_inference
+from ..train.metrics import read_metrics
+from . import config as rl_config
+from .trainer import train_rl
+
+DEMO_SFT = {"task.difficulty": 2, "data.max_length": 112, "task.num_train": 20000, "task.num_test": 64, "task.num_val": 0,
+            "train.steps": 500, "drafter.steps": 150, "frontier.enabled": False}
+DEMO_RL = {"rl.prompts_per_step": 8, "rl.num_generations": 4, "rl.max_new_tokens": 40, "rl.draft_length": 4,
+           "rl.beta": 0.02, "rl.refresh_every": 5, "rl.refresh_steps": 5, "optim.lr": 1e-4, "train.steps": 30,
+           "train.eval_every": 5, "train.save_every": 10, "data.eval_size": 64}
+SMOKE_SFT = {**exp_config.SMOKE, "task.difficulty": 2, "data.max_length": 112, "task.num_val": 0, "frontier.enabled": False,
+             "drafter.steps": 3, "drafter.batch_size": 4, "drafter.block_sizes": [2, 4]}
+SMOKE_RL = {"rl.prompts_per_step": 2, "rl.num_generations": 2, "rl.max_new_tokens": 8, "rl.draft_length": 4,
+            "rl.refresh_every": 1, "rl.refresh_steps": 1, "train.steps": 2, "train.eval_every": 1,
+            "data.eval_size": 4, "mesh.num_devices": 1}
+
+
+def configs(smoke: bool, overrides) -> tuple[exp_config.ExperimentConfig, rl_config.RLConfig]:
+    """The SFT/drafter config (the quickstart's tree; `--set sft.KEY=VALUE` reaches it) and the RL config
+    (every other `--set` key, e.g. `rl.beta=0.02`, `optim.lr=1e-4`)."""
+    items = ov.parse_all(overrides)
+    sft_items = {k[4:]: v for k, v in items.items() if k.startswith("sft.")}
+    rl_items = {k: v for k, v in items.items() if not k.startswith("sft.")}
+    sft = ov.apply(exp_config.default_config(), {**(SMOKE_SFT if smoke else DEMO_SFT), **sft_items})
+    return sft, rl_config.build({**(SMOKE_RL if smoke else DEMO_RL), **rl_items})
+
+
+def run(workdir: str, *, smoke: bool = False, arms=rl_config.ARMS, overrides=(), force: bool = False) -> dict:
+    """Runs (or resumes) the experiment into `workdir` and returns the report (module doc)."""
+    bad = [a for a in arms if a not in rl_config.ARMS]
+    if bad or not arms:
+        raise ValueError(f"--arms {','.join(arms)}: expected a non-empty subset of {rl_config.ARMS}")
+    sft, rl = configs(smoke, overrides)
+    t0 = time.perf_counter()
+    os.makedirs(workdir, exist_ok=True)
+    splits = stages.prepare_data(sft.task, workdir, fmt=PromptFormat.of(sft.data), need_val=False)
+    trained = stages.train(sft, splits, workdir, force=force)
+    base = load_for_inference(trained.ckpt, verify=sft.train.verify_checkpoints)
+    t_sft = time.perf_counter()
+    adapter = None
+    if any(a in rl_config.LORA_ARMS for a in arms):
+        stages.train_drafter(sft, base, splits.train, workdir, force=force)
+        adapter = os.path.join(workdir, "drafter", "adapter")
+    t_drafter = time.perf_counter()
+    rows = []
+    for arm in arms:
+        cfg = ov.apply(rl, {"rl.arm": arm, "data.train": splits.train, "data.eval": splits.test})
+        out = os.path.join(workdir, "arms", arm)
+        summary = train_rl(cfg, trained.ckpt, out, adapter=adapter if arm in rl_config.LORA_ARMS else None,
+                           force=force)
+        if summary["status"] != "completed":
+            raise stages.TrainingInterrupted(f"RL arm {arm} stopped by signal {summary.get('signal')}; rerun to "
+                                             "resume", summary.get("signal"))
+        rows.append(arm_result(arm, out, summary))
+    report = {"arms": rows, "config": {"sft": ov.to_dict(sft), "rl": ov.to_dict(rl)},
+              "base_checkpoint": trained.ckpt, "smoke": smoke,
+              "timings": {"sft_s": t_sft - t0, "drafter_s": t_drafter - t_sft,
+                          "rl_s": time.perf_counter() - t_drafter, "wall_s": time.perf_counter() - t0}}
+    atomic_write_json(os.path.join(workdir, "report.json"), report, default=str)
+    atomic_write(os.path.join(workdir, "report.md"), report_markdown(report))
+    from .plots import rl_plot
+
+    rl_plot(rows, os.path.join(workdir, "report.png"), title="GRPO: AR vs lossless speculative rollouts")
+    return report
+
+
+def arm_result(arm: str, workdir: str, summary: dict) -> dict:
+    """One arm's row and curves from its metrics.jsonl."""
+    metrics = read_metrics(workdir)
+    steps = [m for m in metrics if "loss" in m]
+    em = [(m["step"], m["eval_exact_match"]) for m in metrics if "eval_exact_match" in m]
+    acc = [(m["step"], m["accepted_per_cycle"]) for m in steps if "accepted_per_cycle" in m]
+    later = steps[1:] or steps  # the first step's rollout time includes compiling the sampler
+
+    def mean(key, rows=steps):
+        vals = [m[key] for m in rows if key in m]
+        return float(np.mean(vals)) if vals else None
+
+    return {"arm": arm, "exact_match_start": em[0][1] if em else None, "exact_match_end": em[-1][1] if em else None,
+            "reward_start": steps[0]["reward"] if steps else None, "reward_end": steps[-1]["reward"] if steps else None,
+            "accepted_start": acc[0][1] if acc else None, "accepted_end": acc[-1][1] if acc else None,
+            "tokens_per_forward": mean("tokens_per_forward"), "rollout_s": mean("rollout_s", later),
+            "update_s": mean("update_s", later), "active_rows": mean("active_rows"), "wall_s": summary.get("wall_s"),
+            "curves": {"exact_match": em, "accepted_per_cycle": acc,
+                       "reward": [(m["step"], m["reward"]) for m in steps]}}
+
+
+def _f(x, fmt="{:.2f}"):
+    return "–" if x is None else fmt.format(x)
+
+
+def report_markdown(report: dict) -> str:
+    lines = ["| arm | exact match start → end | reward start → end | accepted/cycle start → end | "
+             "tokens/forward | rollout s/step | update s/step | active rows | wall s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in report["arms"]:
+        pct = lambda x: _f(None if x is None else 100 * x, "{:.1f}%")
+        lines.append(f"| {r['arm']} | {pct(r['exact_match_start'])} → {pct(r['exact_match_end'])} | "
+                     f"{_f(r['reward_start'])} → {_f(r['reward_end'])} | {_f(r['accepted_start'])} → "
+                     f"{_f(r['accepted_end'])} | {_f(r['tokens_per_forward'])} | {_f(r['rollout_s'], '{:.3f}')} | "
+                     f"{_f(r['update_s'], '{:.3f}')} | {_f(r['active_rows'])} | {_f(r['wall_s'], '{:.0f}')} |")
+    t = report.get("timings", {})
+    lines.append("")
+    lines.append(f"SFT {_f(t.get('sft_s'), '{:.0f}')} s, drafter {_f(t.get('drafter_s'), '{:.0f}')} s, RL "
+                 f"{_f(t.get('rl_s'), '{:.0f}')} s, total {_f(t.get('wall_s'), '{:.0f}')} s"
+                 + (" (smoke size)" if report.get("smoke") else ""))
+    return "\n".join(lines) + "\n"
