@@ -68,7 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args) -> experiment.ExperimentConfig:
     """The defaults, then --smoke, then the flags, then --set (later wins)."""
-    flags = dict(experiment.SMOKE) if args.smoke else {}
+    # Uno's setting (`--objective ar`): the frozen AR model and its LoRA drafter; --smoke shrinks either
+    flags = dict(experiment.UNO_DEFAULTS) if args.objective == "ar" else {}
+    flags.update(experiment.SMOKE if args.smoke else {})
     if args.steps is not None:
         if args.steps < 1:
             raise ValueError(f"--steps={args.steps}: expected ≥ 1")
@@ -77,8 +79,6 @@ def config_from_args(args) -> experiment.ExperimentConfig:
         flags["task.difficulty"] = args.difficulty
     if args.objective:
         flags["train.objective"] = args.objective
-        if args.objective == "ar":  # Uno's setting: the frozen AR model and its LoRA drafter
-            flags["eval.modes"] = list(experiment.UNO_MODES)
     if args.modes:
         flags["eval.modes"] = parse_modes(args.modes)
     if args.ckpt:

@@ -133,8 +133,12 @@ def test_uno_sweep_smoke_one_frozen_base(tmp_path, capsys):
     assert sweep.main([path, "--dry-run", "--workdir", workdir]) == 0
     lines = capsys.readouterr().out.splitlines()
     base_ckpt = os.path.join(os.path.abspath(workdir), "base", "train", "final")
-    assert lines[0].startswith("base:") and all(f"'eval.ckpt': '{base_ckpt}'" in line for line in lines[1:-1])
-    assert lines[-1].startswith("shifted-finetuned-base:") and f"'train.init_from': '{base_ckpt}'" in lines[-1]
+    assert lines[0].startswith("base:")
+    finetuned = [line for line in lines if line.startswith("shifted-finetuned-base:")]
+    assert len(finetuned) == 1 and f"'train.init_from': '{base_ckpt}'" in finetuned[0]
+    assert all(f"'eval.ckpt': '{base_ckpt}'" in line for line in lines[1:] if line not in finetuned)
+    assert any("'drafter.objective': 'dcd'" in line for line in lines)
+    assert any("'eval.modes': ('ar', 'spec-model')" in line for line in lines)
     smoke = {k: v for k, v in SMOKE.items() if not k.startswith(("eval.knobs", "frontier"))}
     spec = {"name": "uno-smoke",
             "base": {**smoke, "train.objective": "ar", "eval.ckpt": "{sweep}/base/train/final",

@@ -13,12 +13,13 @@ TrainSummary, Report), `run` (run, current_report), `report` (the Markdown and P
 (the sweep engine), `plots`. The command lines are `python -m experiments.quickstart` and
 `python -m experiments.sweep`; docs/experiments.md is the manual.
 """
-from .config import (DEFAULT_MODES, SMOKE, UNO_MODES, DrafterSection, ExperimentConfig, GoalsSection, TaskSection,
-                     comparable, default_config)
+from .config import (DEFAULT_MODES, SMOKE, UNO_DEFAULTS, UNO_MODES, DrafterSection, ExperimentConfig, GoalsSection,
+                     TaskSection, comparable, default_config)
 from .results import Frontier, FrontierPoint, ModeResult, Report, Target, TrainSummary
 from .run import current_report, run
 from .stages import Splits, Trained, TrainingInterrupted, calibrate_steps
 
-__all__ = ["DEFAULT_MODES", "SMOKE", "UNO_MODES", "DrafterSection", "ExperimentConfig", "Frontier", "FrontierPoint",
+__all__ = ["DEFAULT_MODES", "SMOKE", "UNO_DEFAULTS", "UNO_MODES", "DrafterSection", "ExperimentConfig", "Frontier",
+           "FrontierPoint",
            "GoalsSection", "ModeResult", "Report", "Splits", "TaskSection", "Target", "Trained", "TrainSummary",
            "TrainingInterrupted", "calibrate_steps", "comparable", "current_report", "default_config", "run"]

@@ -28,6 +28,9 @@ from ..train.optim import OptimConfig
 DEFAULT_MODES = ("ar", "mdm", "slotted", "spec-self", "spec-lora")
 # Uno's setting (`train.objective=ar`): a plain AR model, frozen, and the LoRA drafter trained on it
 UNO_MODES = ("ar", "spec-lora")
+# ... with a longer drafter run: on a plain AR base the adapter learns to look ahead from scratch, where
+# a Zarya base already drafts (its MDM rows) and the default 400 steps suffice (docs/uno.md)
+UNO_DEFAULTS = {"eval.modes": list(UNO_MODES), "drafter.steps": 1500}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,16 +69,16 @@ class DrafterSection:
     (-1: the task's) train it on shifted data instead: the embedded task at another difficulty or seed (the
     held-out splits' prompts excluded), while it is still evaluated on the experiment's own test split."""
 
-    steps: int = 300
+    steps: int = 400
     rank: int = 16
     alpha: float = 32.0
     lr: float = 2e-3
     warmup_steps: int = 20
     batch_size: int = 16
-    block_sizes: tuple[int, ...] = (2, 4, 8)
+    block_sizes: tuple[int, ...] = (2, 4, 8, 16)
     noise: str = "uniform"
     tv_weight: float = 1.0
-    ce_weight: float = 0.0
+    ce_weight: float = 1.0  # TV alone stalls on a plain AR base (docs/uno.md: the diagnostics)
     kl_weight: float = 0.0
     task_difficulty: int = 0
     task_seed: int = -1

@@ -32,8 +32,10 @@ from .hooks import Hook
 from .identity import file_fingerprint
 from .loop import train
 
-# Uno trains the adapter without weight decay; the trained params are an adapter, not a model.
-DEFAULTS = {"optim.weight_decay": 0.0, "train.export_final": False}
+# Uno trains the adapter without weight decay; the trained params are an adapter, not a model. The CE
+# term is on: the TV gradient vanishes on the confident wrong drafts a fresh adapter makes on a plain
+# AR base (docs/uno.md, the diagnostics).
+DEFAULTS = {"optim.weight_decay": 0.0, "train.export_final": False, "drafter.ce_weight": 1.0}
 
 
 @dataclasses.dataclass(frozen=True)
