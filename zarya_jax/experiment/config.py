@@ -28,9 +28,10 @@ from ..train.optim import OptimConfig
 DEFAULT_MODES = ("ar", "mdm", "slotted", "spec-self", "spec-lora")
 # Uno's setting (`train.objective=ar`): a plain AR model, frozen, and the LoRA drafter trained on it
 UNO_MODES = ("ar", "spec-lora")
-# ... with a longer drafter run: on a plain AR base the adapter learns to look ahead from scratch, where
-# a Zarya base already drafts (its MDM rows) and the default 400 steps suffice (docs/uno.md)
-UNO_DEFAULTS = {"eval.modes": list(UNO_MODES), "drafter.steps": 1500}
+# ... with a shorter base run (plain next-token loss learns the task in 1500 steps) and a longer drafter
+# run: on a plain AR base the adapter learns to look ahead from scratch, where a Zarya base already
+# drafts (its MDM rows) and the default 400 steps suffice (docs/uno.md)
+UNO_DEFAULTS = {"eval.modes": list(UNO_MODES), "train.steps": 1500, "drafter.steps": 1500}
 
 
 @dataclasses.dataclass(frozen=True)
