@@ -113,7 +113,7 @@ def _rows(workdir, timing=("rollout_s", "update_s")):
         return [{k: v for k, v in json.loads(line).items() if k not in timing} for line in f]
 
 
-def test_resume_after_interruption_is_bit_exact(scratch, monkeypatch, compile_cache):
+def test_resume_after_interruption_is_bit_exact(scratch, monkeypatch):
     """Killed mid-step (after its rollouts, before its update) and rerun: the same params, drafter and
     metrics as one uninterrupted run, bit for bit."""
     argv = ["--base", scratch["ckpt"], "--arm", "refreshed", "--adapter", scratch["adapter"],
@@ -163,7 +163,7 @@ def test_resume_after_interruption_is_bit_exact(scratch, monkeypatch, compile_ca
 
 # --------------------------------------------------------------------------- each arm
 @pytest.mark.parametrize("arm", ["ar", "self", "frozen"])
-def test_each_arm_smoke(scratch, arm, capsys, compile_cache):
+def test_each_arm_smoke(scratch, arm, capsys):
     workdir = os.path.join(scratch["root"], f"arm-{arm}")
     adapter = ["--adapter", scratch["adapter"]] if arm == "frozen" else []
     argv = ["--base", scratch["ckpt"], "--workdir", workdir, "--arm", arm, *adapter,
