@@ -178,6 +178,14 @@ def test_detector_thresholds():
     for step in range(1, 21):
         assert spike.check(step, {"loss": 1.0, "grad_norm": 1.0}) is None
     assert "far above its running median" in spike.check(21, {"loss": 11.0, "grad_norm": 1.0})
+    # a new curriculum stage (the drafter's block size) restarts the history; a spike within it still trips
+    staged = DivergenceDetector(DivergenceConfig())
+    for step in range(1, 21):
+        assert staged.check(step, {"loss": 0.1, "grad_norm": 1.0, "block_size": 2.0}) is None
+    assert staged.check(21, {"loss": 3.4, "grad_norm": 1.0, "block_size": 4.0}) is None
+    for step in range(22, 42):
+        assert staged.check(step, {"loss": 0.5, "grad_norm": 1.0, "block_size": 4.0}) is None
+    assert "far above its running median" in staged.check(42, {"loss": 9.0, "grad_norm": 1.0, "block_size": 4.0})
     dead = DivergenceDetector(DivergenceConfig(zero_grad_steps=3))
     assert [dead.check(s, {"loss": 1.0, "grad_norm": 0.0}) is None for s in (1, 2, 3)] == [True, True, False]
     off = DivergenceDetector(DivergenceConfig(zero_grad_steps=0, loss_spike_factor=0, param_growth=0), 1.0)

@@ -56,6 +56,12 @@ class DivergenceConfig:
             raise ConfigError(f"train.divergence.param_growth={self.param_growth}: expected > 1 (or 0 = off)")
 
 
+# Metrics by which an objective reports its curriculum stage (the drafter's block size): a harder stage
+# raises the loss by design (Uno's drafter, TV + CE: 0.16 at blocks of 2 to 3.4 at the first step of
+# blocks of 4), so the loss history restarts with each stage instead of reading that rise as a spike.
+CURRICULUM_METRICS = ("block_size",)
+
+
 class DivergenceDetector:
     """`check(step, metrics)` -> None while healthy, else the reason the run diverged (one sentence).
     Needs `loss` and `grad_norm`, and `param_norm` (the updated params' global norm) when `param_norm0`
@@ -66,6 +72,7 @@ class DivergenceDetector:
         self.losses: collections.deque[float] = collections.deque(maxlen=max(config.loss_window, 1))
         self.zero_grads = 0
         self.param_norm0 = param_norm0
+        self.stage = None
 
     def check(self, step: int, metrics: dict[str, float]) -> str | None:
         c = self.config
@@ -74,6 +81,10 @@ class DivergenceDetector:
         if c.zero_grad_steps and self.zero_grads >= c.zero_grad_steps:
             return (f"the gradient norm has been exactly 0 for {self.zero_grads} steps "
                     f"(train.divergence.zero_grad_steps={c.zero_grad_steps}): the weights no longer learn")
+        stage = tuple(metrics.get(k) for k in CURRICULUM_METRICS)
+        if stage != self.stage:  # a curriculum stage starts: its loss is not comparable to the last one's
+            self.losses.clear()
+            self.stage = stage
         if c.loss_spike_factor and c.loss_window and len(self.losses) >= MIN_HISTORY:
             median = statistics.median(self.losses)
             limit = max(c.loss_spike_factor * median, median + c.loss_spike_margin)
