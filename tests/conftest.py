@@ -6,7 +6,6 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import jax
 import pytest
-from jax._src import compilation_cache
 
 from zarya_jax.config import ModelConfig, ZaryaConfig
 from zarya_jax.model import init_params
@@ -31,23 +30,14 @@ def zarya_config() -> ZaryaConfig:
 
 @pytest.fixture
 def compile_cache(tmp_path_factory):
-    """Session-wide persistent compile cache, so tests (and their subprocesses) that compile the same
-    step share one compile. It is on only for the test that asks for it (settings restored after it):
-    a test that does not need it never serialises an executable, which XLA's CPU client has been seen
-    to crash on (a rare segmentation fault inside `executable.serialize()`)."""
+    """A session-wide persistent compile cache directory for the subprocesses a test starts (training
+    processes that compile the same step share one compile). The test process itself never turns the
+    cache on: XLA's CPU client has been seen to crash while serialising or compiling through it (a rare
+    segmentation fault inside `executable.serialize()`, an abort in compilation), and in-process tests
+    do not need it."""
     path = tmp_path_factory.getbasetemp() / "jax_compile_cache"
     path.mkdir(exist_ok=True)
-    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-             "jax_persistent_cache_min_entry_size_bytes")
-    old = {k: getattr(jax.config, k) for k in names}
-    for k, v in zip(names, (str(path), 0.0, 0)):
-        jax.config.update(k, v)
     yield str(path)
-    for k, v in old.items():
-        jax.config.update(k, v)
-    # The cache object JAX built stays live after the directory setting is restored: drop it, so later
-    # tests compile without writing to it.
-    compilation_cache.reset_cache()
 
 
 @pytest.fixture(scope="session")
