@@ -66,7 +66,7 @@ def main(argv=None) -> int:
 def _run(args) -> int:
     spec = load_spec(args.spec)
     extra = cli.set_overrides(args, {"train.verify_checkpoints": False} if args.no_verify else {})
-    workdir = args.workdir or os.path.join("runs", "sweeps", spec["name"])
+    workdir = args.workdir or engine.default_workdir(spec)
     if args.dry_run:
         print("\n".join(engine.dry_run(spec, extra, args.host_index, args.num_hosts, workdir)))
         return 0

@@ -378,7 +378,7 @@ def summary_markdown(summary: list[dict]) -> str:
     for r in summary:
         cells = [r["label"]] + ([r.get("point") or "–"] if knobs else [])
         cells += [f"{100 * r['accuracy']:.1f}%", f"{r['tokens_per_forward']:.2f}"]
-        if drafts:  # c0 … c_m kept per cycle (c0, drawn from the AR row, always counts)
+        if drafts:  # drafts kept per cycle (Ψ-Spec's LoRA and self drafters count c0, drawn from the AR row)
             a = r.get("accepted_per_cycle")
             cells += [f"{a:.2f}" if a is not None else "–"]
         cells += [f"{r['tokens_per_s']:.1f}", speed(r, "")]

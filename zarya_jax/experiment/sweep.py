@@ -279,11 +279,16 @@ def write_tables(rows: list[dict], workdir: str, title: str) -> list[str]:
     return written
 
 
+def default_workdir(spec: dict) -> str:
+    """Where a sweep runs unless told otherwise: runs/sweeps/<name>."""
+    return os.path.join("runs", "sweeps", spec["name"])
+
+
 def dry_run(spec: dict, extra: dict | None = None, host_index: int = 0, num_hosts: int = 1,
-            workdir: str = "runs/sweep") -> list[str]:
+            workdir: str | None = None) -> list[str]:
     """Every run's config built and checked, nothing run: one line per run of this host's share, with
     its overrides as the typed config holds them."""
-    runs = in_workdir(expand(spec), workdir)
+    runs = in_workdir(expand(spec), workdir or default_workdir(spec))
     run_configs = configs(runs, extra)
     return [f"{name}: { {k: overrides.get(run_configs[name], k) for k in {**items, **(extra or {})}} }"
             for name, items in my_share(runs, host_index, num_hosts)]

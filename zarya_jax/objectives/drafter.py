@@ -213,8 +213,7 @@ def agreement_counts(params, lora_params, batch: dict, key: Array, *, config: Mo
     for shift in range(block_size):
         shifted = {**batch, "positions": batch["positions"] + shift}
         pair = make_pair_batch(jax.random.fold_in(key, shift), shifted, block_size, config, lora)
-        logits, _ = model_lib.apply(params, config, pair["tokens"], pair["positions"], window_mask=pair["mask"],
-                                    gate=pair["gate"], lora_params=lora_params, lora=lora)
+        logits = pair_logits(lora_params, params, config, lora, pair)
         if config.mask_token_id is not None:
             logits = logits.at[..., config.mask_token_id].set(-jnp.inf)
         best = jnp.argmax(logits, axis=-1)
