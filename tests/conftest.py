@@ -28,13 +28,21 @@ def zarya_config() -> ZaryaConfig:
     return ZaryaConfig()
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _drop_compiled_programs():
+    """Each test module's compiled programs are dropped when it ends. Every XLA:CPU executable holds memory
+    mappings of its own, and one process compiling the whole suite's programs runs into the kernel's
+    limit on mappings per process (`vm.max_map_count`, 65,530 here): XLA then aborts in compilation."""
+    yield
+    jax.clear_caches()
+
+
 @pytest.fixture
 def compile_cache(tmp_path_factory):
     """A session-wide persistent compile cache directory for the subprocesses a test starts (training
     processes that compile the same step share one compile). The test process itself never turns the
-    cache on: XLA's CPU client has been seen to crash while serialising or compiling through it (a rare
-    segmentation fault inside `executable.serialize()`, an abort in compilation), and in-process tests
-    do not need it."""
+    cache on: XLA's CPU client has been seen to crash while serialising an executable for it (a rare
+    segmentation fault inside `executable.serialize()`), and in-process tests do not need it."""
     path = tmp_path_factory.getbasetemp() / "jax_compile_cache"
     path.mkdir(exist_ok=True)
     yield str(path)
