@@ -30,6 +30,12 @@ def code_version() -> dict:
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
 
 
+def describe(prov: dict) -> str:
+    """The line a Markdown report opens with: 'Code: commit <sha12>[ (uncommitted changes)]; <devices>.'"""
+    commit = (prov.get("commit") or "unknown")[:12] + (" (uncommitted changes)" if prov.get("dirty") else "")
+    return f"Code: commit {commit}; {prov.get('devices', '')}."
+
+
 def package_versions() -> dict:
     out = {}
     for name in PACKAGES:

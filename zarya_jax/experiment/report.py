@@ -9,6 +9,7 @@ import os
 from ..eval import diagnose, frontier
 from ..eval.evaluate import MODE_LABELS, summary_markdown
 from ..files import atomic_write, atomic_write_json
+from ..provenance import describe
 from .results import Report
 
 
@@ -20,9 +21,7 @@ def report_markdown(report: dict) -> str:
     """The Markdown report of a `report.json` document (`Report.to_json()`)."""
     lines = ["# Zarya quickstart report", ""]
     m = report["model"]
-    prov = report.get("provenance") or {}
-    commit = (prov.get("commit") or "unknown")[:12] + (" (uncommitted changes)" if prov.get("dirty") else "")
-    lines.append(f"Code: commit {commit}; {prov.get('devices', '')}.")
+    lines.append(describe(report.get("provenance") or {}))
     lines.append(f"Model: {m['params'] / 1e6:.2f}M parameters ({m['num_layers']} layers, hidden {m['hidden_size']}), "
                  f"checkpoint `{report['checkpoint']}`.")
     if report["train"]:

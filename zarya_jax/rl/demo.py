@@ -25,6 +25,7 @@ from ..experiment import config as exp_config
 from ..experiment import stages
 from ..files import atomic_write, atomic_write_json
 from ..inference import load_for_inference
+from ..provenance import describe, provenance
 from ..train.metrics import read_metrics
 from . import config as rl_config
 from .trainer import train_rl
@@ -78,7 +79,7 @@ def run(workdir: str, *, smoke: bool = False, arms=rl_config.ARMS, overrides=(),
             raise stages.TrainingInterrupted(f"RL arm {arm} stopped by signal {summary.get('signal')}; rerun to "
                                              "resume", summary.get("signal"))
         rows.append(arm_result(arm, out, summary))
-    report = {"arms": rows, "config": {"sft": ov.to_dict(sft), "rl": ov.to_dict(rl)},
+    report = {"provenance": provenance(), "arms": rows, "config": {"sft": ov.to_dict(sft), "rl": ov.to_dict(rl)},
               "base_checkpoint": trained.ckpt, "smoke": smoke,
               "timings": {"sft_s": t_sft - t0, "drafter_s": t_drafter - t_sft,
                           "rl_s": time.perf_counter() - t_drafter, "wall_s": time.perf_counter() - t0}}
@@ -116,7 +117,8 @@ def _f(x, fmt="{:.2f}"):
 
 
 def report_markdown(report: dict) -> str:
-    lines = ["| arm | exact match start → end | reward start → end | accepted/cycle start → end | "
+    lines = ["# GRPO: AR vs lossless speculative rollouts", "", describe(report.get("provenance") or {}), "",
+             "| arm | exact match start → end | reward start → end | accepted/cycle start → end | "
              "tokens/forward | rollout s/step | update s/step | active rows | wall s |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in report["arms"]:
