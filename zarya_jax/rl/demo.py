@@ -30,10 +30,14 @@ from ..train.metrics import read_metrics
 from . import config as rl_config
 from .trainer import train_rl
 
+# A 1000-step SFT answers about a fifth of the held-out problems greedily (a tenth after 500 steps, where
+# fewer than one group in three holds a correct sample). The RL learning rate is the largest that did not
+# lower the held-out exact match in 30 steps on that base (1e-4 lowered it by 8–16 points, 3e-4 by 30: the
+# updates follow the noise of a few informative groups), with 8 completions per prompt for more of them.
 DEMO_SFT = {"task.difficulty": 2, "data.max_length": 112, "task.num_train": 20000, "task.num_test": 64, "task.num_val": 0,
-            "train.steps": 500, "drafter.steps": 150, "frontier.enabled": False}
-DEMO_RL = {"rl.prompts_per_step": 8, "rl.num_generations": 4, "rl.max_new_tokens": 40, "rl.draft_length": 4,
-           "rl.beta": 0.02, "rl.refresh_every": 5, "rl.refresh_steps": 5, "optim.lr": 1e-4, "train.steps": 30,
+            "train.steps": 1000, "drafter.steps": 150, "frontier.enabled": False}
+DEMO_RL = {"rl.prompts_per_step": 8, "rl.num_generations": 8, "rl.max_new_tokens": 40, "rl.draft_length": 4,
+           "rl.beta": 0.02, "rl.refresh_every": 5, "rl.refresh_steps": 5, "optim.lr": 3e-5, "train.steps": 30,
            "train.eval_every": 5, "train.save_every": 10, "data.eval_size": 64}
 SMOKE_SFT = {**exp_config.SMOKE, "task.difficulty": 2, "data.max_length": 112, "task.num_val": 0, "frontier.enabled": False,
              "drafter.steps": 3, "drafter.batch_size": 4, "drafter.block_sizes": [2, 4]}
