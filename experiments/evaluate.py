@@ -1,7 +1,7 @@
 """Evaluate any checkpoint on any JSONL set in any decoding mode (`zarya_jax.eval.evaluate`).
 
     python -m experiments.evaluate --ckpt CKPT --data test.jsonl --modes ar,mdm,slotted,spec-self \\
-        [--lora ADAPTER --modes spec-lora] [--draft-ckpt DRAFT_CKPT --modes spec-model] [--answer final|regex|exact] [--answer-regex PAT] \\
+        [--lora ADAPTER --modes spec-lora,spec-lora-fused] [--draft-ckpt DRAFT_CKPT --modes spec-model] [--answer final|regex|exact] [--answer-regex PAT] \\
         [--max-new-tokens 64] [--batch-size 1] [--knob slotted.slot_size=4] [--batch1-examples N] \\
         [--diagnose [--slot-sizes 2,4,8]] [--prompt-key question] [--format FIELD=VALUE] [--out DIR]
 
@@ -13,7 +13,8 @@ Modes: `ar` (autoregressive baseline), `mdm` (mode A, docs/algorithms.md §5), `
 `spec-self` (lossless Zarya self-speculation, docs/algorithms.md §7), `spec-lora` (Uno's LoRA drafter, needs
 `--lora`; sampled with the noise convention it was trained with), `spec-model` (classic speculative
 sampling with an independent draft model, needs `--draft-ckpt`, e.g. one from
-`experiments.train_draft_model`; docs/algorithms.md §7.6). `--knob [MODE.]FIELD=VALUE` sets any
+`experiments.train_draft_model`; docs/algorithms.md §7.6), `spec-self-fused` / `spec-lora-fused` (the same
+drafters in one forward pass per cycle, docs/algorithms.md §7.5). `--knob [MODE.]FIELD=VALUE` sets any
 `GenerationConfig` field for one mode or all (YAML values, typed; an unknown field is an error that
 names the closest ones). Per mode it reports exact-match accuracy, wall-clock generated tokens/s
 (compile time excluded and reported apart), tokens per forward pass and the speed-up over `ar`; it
@@ -45,7 +46,7 @@ import re
 from zarya_jax import overrides
 from zarya_jax.config import ConfigError, PromptFormat
 from zarya_jax.eval import answers, diagnose
-from zarya_jax.eval.evaluate import MODES, EvalConfig, evaluate, parse_knobs, parse_modes, summary_markdown, write_outputs
+from zarya_jax.eval.evaluate import ADAPTER_MODES, MODES, EvalConfig, evaluate, parse_knobs, parse_modes, summary_markdown, write_outputs
 from zarya_jax.eval.tasks import read_jsonl
 from zarya_jax.files import check_output, check_writable_dir
 from zarya_jax.inference import load_for_inference
@@ -155,8 +156,9 @@ def slot_sizes(text: str) -> list[int]:
 def _run(args) -> int:
     ev, shared = eval_config(args)
     sizes = slot_sizes(args.slot_sizes)
-    if "spec-lora" in ev.modes and not args.lora:
-        raise ValueError("mode 'spec-lora' needs --lora ADAPTER_DIR")
+    lora_modes = [m for m in ev.modes if m in ADAPTER_MODES]
+    if lora_modes and not args.lora:
+        raise ValueError(f"mode {lora_modes[0]!r} needs --lora ADAPTER_DIR")
     if "spec-model" in ev.modes and not args.draft_ckpt:
         raise ValueError("mode 'spec-model' needs --draft-ckpt DRAFT_CKPT_DIR")
     if not os.path.isdir(args.ckpt):

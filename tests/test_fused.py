@@ -1,16 +1,21 @@
-"""Fused Ψ-Spec, one forward per cycle (docs/algorithms.md §7.5): greedy identity with the AR sampler, exact
-three-token distributions, the cache and the next drafts after every cycle against full recomputes,
-and the forward count."""
+"""Fused Ψ-Spec, one forward per cycle, with the self and the LoRA drafter (docs/algorithms.md §7.5): greedy
+identity with the AR sampler, exact three-token distributions, the cache and the next drafts after every
+cycle against full recomputes, and the forward count."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from zarya_jax import lora as lora_lib
+from zarya_jax.config import LoraConfig
 from zarya_jax.nn import model as model_lib
 from zarya_jax.nn import masks
 from zarya_jax.sampling import GenerationConfig, generate, pad_prompts
 from zarya_jax.sampling import fused, passes
-from zarya_jax.testing import UNO_CONFIG as CFG
+from zarya_jax.testing import UNO_CONFIG as CFG, UNO_LORA as LORA
+from zarya_jax.testing import uno_adapters as adapters
 from zarya_jax.testing import uno_random_params as random_model, uno_trained_params as trained_model
 from test_spec import SMALL, _prompts  # the two-pass tests' ragged prompts and V = 8 model
 
@@ -18,7 +23,7 @@ def test_window_layout():
     """K = 2: the verify block [y, d1, d2] at n−1 … n+1, then block m at n+m … n+m+2 seeing y … d_m."""
     offsets, mask = fused.window_layout(2)
     np.testing.assert_array_equal(offsets, [-1, 0, 1, 0, 1, 2, 1, 2, 3, 2, 3, 4])
-    assert mask.shape == (12, 12) and fused.window_rows(GenerationConfig(draft_length=2)) == 12
+    assert mask.shape == (12, 12) and fused.window_rows(GenerationConfig(drafter="self", draft_length=2)) == 12
     assert passes.window_rows(GenerationConfig(mode="spec", drafter="self", fused=True, draft_length=4)) == 30
     np.testing.assert_array_equal(mask[:3, :3], np.tril(np.ones((3, 3), bool)))
     assert not mask[:3, 3:].any()  # the verify rows see no scenario row: they are the AR rows
@@ -29,11 +34,29 @@ def test_window_layout():
         assert mask[rows].sum() == 3 * (m + 1) + 6  # nothing else
 
 
-@pytest.mark.parametrize("model,k", [("random", 3), ("trained", 4)])
-def test_greedy_identical_to_ar(model, k):
-    """Ragged batch; on the trained model drafts are accepted, EOS falls inside a block and the budget
-    (23, not a multiple of a cycle's yield) ends inside one."""
+def test_window_layout_lora():
+    """K = 2, LoRA: blocks of K noise rows, block m at n+m … n+m+1 (the two-pass window with seed d_m)."""
+    offsets, mask = fused.window_layout(2, "lora")
+    np.testing.assert_array_equal(offsets, [-1, 0, 1, 0, 1, 1, 2, 2, 3])
+    gc = GenerationConfig(mode="spec", drafter="lora", fused=True, draft_length=2)
+    assert mask.shape == (9, 9) and fused.window_rows(gc) == 9 == passes.window_rows(gc)
+    np.testing.assert_array_equal(mask[:3, :3], np.tril(np.ones((3, 3), bool)))
+    assert not mask[:3, 3:].any()
+    for m in range(3):
+        rows = slice(3 + 2 * m, 5 + 2 * m)
+        np.testing.assert_array_equal(mask[rows, :3], np.broadcast_to(np.arange(3) <= m, (2, 3)))
+        np.testing.assert_array_equal(mask[rows, rows], np.tril(np.ones((2, 2), bool)))
+        assert mask[rows].sum() == 2 * (m + 1) + 3
+
+
+@pytest.mark.parametrize("model,drafter,k", [("random", "self", 3), ("trained", "self", 4), ("random", "lora", 3),
+                                             ("trained", "lora", 4)])
+def test_greedy_identical_to_ar(model, drafter, k):
+    """Ragged batch; on the trained model (with the trained adapter) drafts are accepted, EOS falls
+    inside a block and the budget (23, not a multiple of a cycle's yield) ends inside one."""
     params = random_model() if model == "random" else trained_model()
+    untrained, trained, _ = adapters()
+    adapter = {"lora_params": trained if model == "trained" else untrained, "lora": LORA} if drafter == "lora" else {}
     prompts = _prompts(model == "trained")
     base = GenerationConfig(mode="ar", max_new_tokens=23, eos_token_id=None)
     if model == "trained":
@@ -41,8 +64,8 @@ def test_greedy_identical_to_ar(model, k):
         eos = int(generate(params, CFG, prompts, base.replace(stop_at_eos=False), jax.random.PRNGKey(0)).tokens[0, 3])
         base = base.replace(eos_token_id=eos)
     ref = generate(params, CFG, prompts, base, jax.random.PRNGKey(0))
-    out = generate(params, CFG, prompts, base.replace(mode="spec", drafter="self", fused=True, draft_length=k),
-                   jax.random.PRNGKey(1))
+    out = generate(params, CFG, prompts, base.replace(mode="spec", drafter=drafter, fused=True, draft_length=k),
+                   jax.random.PRNGKey(1), **adapter)
     np.testing.assert_array_equal(out.lengths, ref.lengths)
     np.testing.assert_array_equal(out.tokens, ref.tokens)
     np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-4)  # every token from a verify row
@@ -52,44 +75,54 @@ def test_greedy_identical_to_ar(model, k):
     cycles = out.num_forward_passes - 2
     assert (cycles >= np.ceil(out.lengths / (k + 1))).all() and (cycles <= out.lengths).all()
     if model == "trained":
-        # the MDM rows draft (some cycle emits a block), and row 0 stops at its EOS
+        # the drafter drafts (some cycle emits a block), and row 0 stops at its EOS
         assert out.lengths[0] <= 4 and st["accepted_per_cycle"] > 0 and (cycles < out.lengths).any()
 
 
-def test_one_forward_per_cycle(monkeypatch):
+@pytest.mark.parametrize("drafter,rows", [("self", [4, 3, 12]), ("lora", [4, 2, 9])])
+def test_one_forward_per_cycle(monkeypatch, drafter, rows):
     """The program calls the model three times: prefill, bootstrap, and once in the loop body."""
-    gc = GenerationConfig(mode="spec", drafter="self", fused=True, draft_length=2, max_new_tokens=5)
-    args = (random_model(), jnp.ones((2, 4), jnp.int32), jnp.asarray([4, 2]), jax.random.PRNGKey(0), jnp.int32(5))
+    gc = GenerationConfig(mode="spec", drafter=drafter, fused=True, draft_length=2, max_new_tokens=5)
+    lp, lora = (adapters()[0], LORA) if drafter == "lora" else (None, None)
+    args = (random_model(), lp, jnp.ones((2, 4), jnp.int32), jnp.asarray([4, 2]), jax.random.PRNGKey(0), jnp.int32(5))
     calls = []
     apply = model_lib.apply
     monkeypatch.setattr(model_lib, "apply", lambda *a, **kw: calls.append(a[2].shape) or apply(*a, **kw))
-    jax.make_jaxpr(lambda *a: fused.fused_decode.__wrapped__(*a, config=CFG, gcfg=gc))(*args)  # a fresh trace
-    assert [s[1] for s in calls] == [4, 3, 12]  # prompt, [y, mask × K], (K+1)(K+2)
-    raw = fused.fused_decode(*args, config=CFG, gcfg=gc)
+    jax.make_jaxpr(lambda *a: fused.fused_decode.__wrapped__(*a, config=CFG, gcfg=gc, lora=lora))(*args)  # fresh trace
+    # prompt, the bootstrap [y, noise × (B−1)], the window (K+1)(1+B)
+    assert [s[1] for s in calls] == rows
+    raw = fused.fused_decode(*args, config=CFG, gcfg=gc, lora=lora)
     np.testing.assert_array_equal(raw["num_forward_passes"], 2 + raw["row_cycles"])
     assert int(raw["loop_passes"]) == 2 + int(raw["row_cycles"].max())
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.0])
-def test_cache_and_drafts_after_each_cycle_equal_a_recompute(temperature):
+@pytest.mark.parametrize("drafter,temperature", [("self", 1.0), ("self", 0.0), ("lora", 0.0)])
+def test_cache_and_drafts_after_each_cycle_equal_a_recompute(drafter, temperature):
     """After 1, 2, 3 cycles: the cache is the AR K/V of the committed text minus its last token y, and
-    (greedy) the next drafts are the MDM argmax of a full forward over text minus y + K+1 masks, the
-    scenario block the cycle chose."""
+    (greedy) the next drafts are the drafter's argmax of a full forward over text minus y followed by
+    the scenario block the cycle chose: K+1 masks, read by the MDM convention (self); K mask-noise rows
+    with the adapter on, read by the next-token convention (LoRA: the adapter trained with mask noise,
+    so the noise is the same in both)."""
     params = trained_model()
     prompts = _prompts(True)
     k, budget = 3, 24
-    gc = GenerationConfig(mode="spec", drafter="self", fused=True, draft_length=k, max_new_tokens=budget,
+    lp, lora = (adapters()[1], dataclasses.replace(LORA, noise="mask")) if drafter == "lora" else (None, None)
+    blk = fused.block_rows(k, drafter)
+    gc = GenerationConfig(mode="spec", drafter=drafter, fused=True, draft_length=k, max_new_tokens=budget,
                           temperature=temperature, stop_at_eos=False)
     tokens, lengths = pad_prompts(prompts, gc.prompt_bucket, CFG.pad_token_id)
     width = tokens.shape[1] + budget + k + 1
 
     @jax.jit
-    def recompute(text, valid):
-        return model_lib.apply(params, CFG, text, window_mask=masks.causal_with_padding(valid))
+    def recompute(text, valid, gate):
+        if lp is None:
+            return model_lib.apply(params, CFG, text, window_mask=masks.causal_with_padding(valid))
+        return model_lib.apply(params, CFG, text, window_mask=masks.causal_with_padding(valid), gate=gate,
+                               lora_params=lp, lora=lora)
 
     for cycles in (1, 2, 3):
-        raw = jax.device_get(fused.fused_decode(params, jnp.asarray(tokens), jnp.asarray(lengths), jax.random.PRNGKey(4),
-                                                jnp.int32(cycles), config=CFG, gcfg=gc))
+        raw = jax.device_get(fused.fused_decode(params, lp, jnp.asarray(tokens), jnp.asarray(lengths),
+                                                jax.random.PRNGKey(4), jnp.int32(cycles), config=CFG, gcfg=gc, lora=lora))
         gen = raw["lengths"]
         assert (gen < budget).all() and (raw["row_cycles"] == cycles).all()
         total = lengths + gen
@@ -97,28 +130,35 @@ def test_cache_and_drafts_after_each_cycle_equal_a_recompute(temperature):
         for i, p in enumerate(prompts):
             committed = p + list(raw["tokens"][i, :gen[i]])
             text[i, :total[i] - 1] = committed[:-1]
-            text[i, total[i] - 1:total[i] + k] = CFG.mask_token_id  # e's place, then the K draft masks
+            text[i, total[i] - 1:total[i] - 1 + blk] = CFG.mask_token_id  # e's place, then the draft rows
             assert raw["seed"][i] == committed[-1]
         np.testing.assert_array_equal(raw["cache"]["length"], total - 1)
         np.testing.assert_array_equal(raw["positions"], total)
-        valid = np.arange(width)[None] < (total + k)[:, None]
-        logits, kv = jax.device_get(recompute(jnp.asarray(text), jnp.asarray(valid)))
+        cols = np.arange(width)[None]
+        valid = cols < (total - 1 + blk)[:, None]
+        gate = valid & (cols >= (total - 1)[:, None])
+        logits, kv = jax.device_get(recompute(jnp.asarray(text), jnp.asarray(valid), jnp.asarray(gate)))
         for i in range(len(prompts)):
             n = total[i] - 1
             np.testing.assert_allclose(raw["cache"]["k"][:, i, :n], kv[0][:, i, :n], atol=1e-5)
             np.testing.assert_allclose(raw["cache"]["v"][:, i, :n], kv[1][:, i, :n], atol=1e-5)
-            if temperature == 0:
-                rows = logits[i, n + 1:n + 1 + k].copy()
+            if temperature == 0:  # the rows drafting n+1 … n+k: their own (self) or the next (LoRA) position
+                first = n + 1 if drafter == "self" else n
+                rows = logits[i, first:first + k].copy()
                 rows[:, CFG.mask_token_id] = -np.inf
                 np.testing.assert_array_equal(raw["drafts"][i], rows.argmax(-1))
 
 
-@pytest.mark.parametrize("top_k", [0, 3])
-def test_first_three_tokens_joint_distribution(top_k):
+@pytest.mark.parametrize("drafter,top_k", [("self", 0), ("self", 3), ("lora", 0)])
+def test_first_three_tokens_joint_distribution(drafter, top_k):
     """Histogram of the first three tokens from fused Ψ-Spec (temperature 1, K = 2) vs the AR model's
-    exact distribution, enumerated with full forwards (V = 7 sampleable ids: 343 outcomes)."""
+    exact distribution, enumerated with full forwards (V = 7 sampleable ids: 343 outcomes). The LoRA
+    drafter is a random adapter shifted off zero, so its q differs from p and drafts are rejected."""
     params = jax.jit(model_lib.init_params, static_argnums=0)(SMALL, jax.random.PRNGKey(11))
     params = {**params, "lm_head": params["lm_head"] * 20.0}  # a spread but non-flat p
+    small_lora = LoraConfig(rank=2, alpha=4.0)
+    lp = jax.tree.map(lambda x: x + 0.3, lora_lib.init_lora(SMALL, small_lora, jax.random.PRNGKey(12)))
+    lp, lora = (lp, small_lora) if drafter == "lora" else (None, None)
     prompt, v = [1, 2, 3, 4], 7  # the mask token (id 7) is never sampled
 
     def ar_probs(logits):  # the AR sampler's distribution: mask banned, top-k, temperature 1
@@ -136,11 +176,11 @@ def test_first_three_tokens_joint_distribution(top_k):
     exact = p1[:, None, None] * p2[:, :, None] * p3
 
     n = 60_000
-    gc = GenerationConfig(mode="spec", drafter="self", fused=True, max_new_tokens=3, temperature=1.0, top_k=top_k,
+    gc = GenerationConfig(mode="spec", drafter=drafter, fused=True, max_new_tokens=3, temperature=1.0, top_k=top_k,
                           draft_length=2)
-    raw = fused.fused_decode(params, jnp.broadcast_to(jnp.asarray(prompt, jnp.int32), (n, len(prompt))),
+    raw = fused.fused_decode(params, lp, jnp.broadcast_to(jnp.asarray(prompt, jnp.int32), (n, len(prompt))),
                              jnp.full((n,), len(prompt), jnp.int32), jax.random.PRNGKey(13), jnp.int32(3),
-                             config=SMALL, gcfg=gc)
+                             config=SMALL, gcfg=gc, lora=lora)
     out = np.asarray(raw["tokens"])
     assert (np.asarray(raw["lengths"]) == 3).all() and out.max() < v
     hist = np.bincount((out[:, 0] * v + out[:, 1]) * v + out[:, 2], minlength=v ** 3).reshape(v, v, v) / n
@@ -152,21 +192,33 @@ def test_first_three_tokens_joint_distribution(top_k):
     assert 0.0 < float(raw["accepted_sum"]) / n < 2.0 * 3
 
 
-def test_fused_needs_spec_with_the_self_drafter():
-    for gc in (GenerationConfig(mode="spec", drafter="lora", fused=True), GenerationConfig(mode="ar", fused=True)):
+def test_fused_needs_spec_with_the_self_or_lora_drafter():
+    for gc in (GenerationConfig(mode="spec", drafter="model", fused=True), GenerationConfig(mode="ar", fused=True)):
         with pytest.raises(ValueError, match="fused=True"):
             gc.validate(CFG)
     with pytest.raises(ValueError, match="fused"):
         GenerationConfig(mode="spec", drafter="self", fused=1).validate(CFG)
+    with pytest.raises(ValueError, match="draft_passes=2"):
+        GenerationConfig(mode="spec", drafter="lora", fused=True, draft_passes=2).validate(CFG)
+    GenerationConfig(mode="spec", drafter="lora", fused=True).validate(CFG)
+    with pytest.raises(ValueError, match="adapter"):  # the LoRA drafter's adapter is checked as two-pass's is
+        generate(random_model(), CFG, [[1, 2]], GenerationConfig(mode="spec", drafter="lora", fused=True),
+                 jax.random.PRNGKey(0))
 
 
-def test_frontier_grid_has_fused_points_only_when_asked():
-    from zarya_jax.eval import frontier
-    plain = frontier.grid_points(frontier.FrontierConfig(draft_lengths=(2, 4)), ["spec-self", "spec-lora"], 16)
-    assert not any(k.get("fused") for _, k in plain)
-    asked = frontier.grid_points(frontier.FrontierConfig(draft_lengths=(2, 4), spec_self_fused=True),
-                                 ["spec-self", "spec-lora"], 16)
-    extra = [p for p in asked if p not in plain]
-    assert extra == [("spec-self", {"draft_length": 2, "fused": True}), ("spec-self", {"draft_length": 4, "fused": True})]
-    assert frontier.describe(*extra[0]) == "K=2 fused"
-    GenerationConfig(mode="spec", drafter="self", **extra[0][1]).validate(CFG)
+def test_fused_evaluation_modes():
+    """spec-self-fused / spec-lora-fused: their own frontier points (K from `fused_draft_lengths`) and
+    GenerationConfigs; `fused` chooses the sampler, so it is no evaluation knob."""
+    from zarya_jax.config import ConfigError
+    from zarya_jax.eval import evaluate, frontier
+    fc = frontier.FrontierConfig(draft_lengths=(2, 4), fused_draft_lengths=(3,))
+    points = frontier.grid_points(fc, ["spec-self", "spec-self-fused", "spec-lora-fused"], 16)
+    assert points == [("spec-self", {"draft_length": 2}), ("spec-self", {"draft_length": 4}),
+                      ("spec-self-fused", {"draft_length": 3}), ("spec-lora-fused", {"draft_length": 3})]
+    assert frontier.describe(*points[2]) == "K=3" and frontier.describe(*points[0]) == "F=2"
+    for mode, drafter in (("spec-self-fused", "self"), ("spec-lora-fused", "lora")):
+        gc = evaluate.generation_config(mode, 16, {mode: {"draft_length": 3}})
+        assert gc.fused and gc.drafter == drafter and gc.draft_length == 3
+        gc.validate(CFG)
+    with pytest.raises(ConfigError, match="chooses the sampler"):
+        evaluate.generation_config("spec-self", 16, {"spec-self": {"fused": True}})

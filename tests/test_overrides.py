@@ -55,7 +55,7 @@ def test_sparse_knobs_and_listing():
     knobs = ov.apply(ModeKnobs(), {"spec-self.draft_length": "4", "slotted.slot_threshold": 2})
     assert knobs.spec_self == Knobs(draft_length=4) and knobs.slotted.slot_threshold == 2.0
     assert knobs.as_dict() == {"ar": {}, "mdm": {}, "slotted": {"slot_threshold": 2.0}, "spec-self": {"draft_length": 4},
-                               "spec-lora": {}, "spec-model": {}}
+                               "spec-lora": {}, "spec-model": {}, "spec-self-fused": {}, "spec-lora-fused": {}}
     assert ov.to_dict(knobs)["spec-self"] == {"draft_length": 4}
     with pytest.raises(ConfigError, match=r"did you mean \['spec-self.draft_length', "):
         ov.apply(ModeKnobs(), {"spec-self.draft_lenght": 4})

@@ -33,7 +33,8 @@ def test_report_files_and_numbers(smoke_run):
     assert os.path.isdir(os.path.join(workdir, "train", "final"))          # the Orbax checkpoint
     assert report["train"]["step"] == 4 and math.isfinite(report["train"]["loss"])
     assert [s for s, _ in report["loss_curve"]] == [1, 2, 3, 4]
-    assert [r["mode"] for r in report["modes"]] == ["ar", "mdm", "slotted", "spec-self", "spec-lora"]
+    assert [r["mode"] for r in report["modes"]] == ["ar", "mdm", "slotted", "spec-self", "spec-lora", "spec-self-fused",
+                                                    "spec-lora-fused"]
     for r in report["modes"]:
         assert r["examples"] == 4
         assert 0.0 <= r["accuracy"] <= 1.0
@@ -47,10 +48,12 @@ def test_report_files_and_numbers(smoke_run):
     assert ar["tokens_per_forward"] == pytest.approx(1.0)  # one token per pass (prefill counts as one)
     md = open(os.path.join(workdir, "report.md")).read()
     assert "| AR |" in md and "mode B (slotted)" in md and "spec, self drafter" in md and "spec, LoRA drafter" in md
+    assert "spec, LoRA drafter, fused" in md and "× the tokens per forward of spec, self drafter" in md
     for r in report["modes"][3:]:  # the speculative rows carry the acceptance pooled over their batches
         f = r["generation_config"]["draft_length"]
-        assert 1.0 <= r["accepted_per_cycle"] <= f and len(r["acceptance_by_position"]) == f
-        assert r["acceptance_by_position"][0] == 1.0
+        fused = r["generation_config"]["fused"]  # its drafts are d1 … dK; two-pass counts c0 (always kept)
+        assert (0.0 if fused else 1.0) <= r["accepted_per_cycle"] <= f and len(r["acceptance_by_position"]) == f
+        assert fused or r["acceptance_by_position"][0] == 1.0
     assert "drafts accepted / cycle" in md
     assert os.path.isfile(os.path.join(workdir, "drafter", "adapter", "adapter.safetensors"))
     # The held-out split is the generator's (seed + 1); train, validation and test are disjoint.
@@ -73,6 +76,7 @@ def test_knobs_chosen_on_validation_frontier(smoke_run):
     assert sum(p["mode"] == "slotted" for p in points) == 4   # 1 S × 1 NB × 1 τs × 2 τt × 2 rules
     assert sum(p["mode"] == "mdm" for p in points) == 2 and sum(p["mode"] == "spec-self" for p in points) == 1
     assert sum(p["mode"] == "spec-lora" for p in points) == 1
+    assert [p["knobs"] for p in points if p["mode"].endswith("-fused")] == [{"draft_length": 2}] * 2
     ar_val = next(p for p in points if p["mode"] == "ar")
     assert all(len(p["correct"]) == 4 and sum(p["correct"]) == 4 * p["accuracy"] for p in points)
     for row in report["modes"]:
@@ -85,12 +89,12 @@ def test_knobs_chosen_on_validation_frontier(smoke_run):
         assert row["knobs"] in [p["knobs"] for p in ok if p["tokens_per_forward"] == best]
         assert row["generation_config"] | row["knobs"] == row["generation_config"]  # decoded with them
     diag = report["diagnostics"]
-    assert set(diag["first_errors"]) == {"ar", "mdm", "slotted", "spec-self", "spec-lora"}
+    assert set(diag["first_errors"]) == {r["mode"] for r in report["modes"]}
     drafter = diag["drafter"]  # teacher-forced agreement and decode-time acceptance, by draft position
     f = drafter["draft_length"]
     assert drafter["teacher_forced"][0] is None and len(drafter["teacher_forced"]) == f
     assert all(x is None or 0.0 <= x <= 1.0 for x in drafter["teacher_forced"])
-    assert drafter["decode"] == report["modes"][-1]["acceptance_by_position"]
+    assert drafter["decode"] == next(r for r in report["modes"] if r["mode"] == "spec-lora")["acceptance_by_position"]
     test = tasks.read_jsonl(os.path.join(workdir, "data", "test.jsonl"))
     assert diag["heads"]["4"]["overall"]["n"] == sum(len(r["answer"].encode()) + 1 for r in test)  # + EOS
     md = open(os.path.join(workdir, "report.md")).read()
@@ -124,7 +128,7 @@ def test_ar_matches_uncached_greedy_and_spec_is_lossless(smoke_run):
                 break
         assert p["output"] == tok.decode(out), f"example {i}"
         assert p["num_tokens"] == len(out)
-    for mode in ("spec-self", "spec-lora"):
+    for mode in ("spec-self", "spec-lora", "spec-self-fused", "spec-lora-fused"):
         spec = {p["index"]: p["output_ids"] for p in preds if p["mode"] == mode}
         assert spec == {i: p["output_ids"] for i, p in ar.items()}, mode
 

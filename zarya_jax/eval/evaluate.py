@@ -3,7 +3,8 @@
 
 Modes: `ar` (autoregressive baseline), `mdm` (mode A, docs/algorithms.md §5), `slotted` (mode B, docs/algorithms.md §6),
 `spec-self` (lossless Zarya self-speculation, docs/algorithms.md §7), `spec-lora` (Uno's LoRA drafter), `spec-model`
-(an independent draft model, classic speculative sampling, docs/algorithms.md §7.6). Per mode:
+(an independent draft model, classic speculative sampling, docs/algorithms.md §7.6), `spec-self-fused` and
+`spec-lora-fused` (the same drafters in one forward pass per cycle, docs/algorithms.md §7.5). Per mode:
 exact-match accuracy (`answers`), wall-clock generated tokens/s (compile time excluded and reported
 apart), tokens per forward pass and the speed-up over `ar`. Decoding knobs are `GenerationConfig`
 fields, per mode or for all modes (`parse_knobs`, `ModeKnobs`), typed by `zarya_jax.overrides`.
@@ -33,14 +34,19 @@ from ..sampling.prompts import bucket_length
 from ..sampling.spec import pool_acceptance
 from . import answers
 
-MODES = ("ar", "mdm", "slotted", "spec-self", "spec-lora", "spec-model")
+MODES = ("ar", "mdm", "slotted", "spec-self", "spec-lora", "spec-model", "spec-self-fused", "spec-lora-fused")
 MODE_LABELS = {"ar": "AR", "mdm": "mode A (MDM)", "slotted": "mode B (slotted)",
-               "spec-self": "spec, self drafter", "spec-lora": "spec, LoRA drafter", "spec-model": "spec, draft model"}
-SPEC_MODES = ("spec-self", "spec-lora", "spec-model")  # lossless: held to AR's outputs token for token
+               "spec-self": "spec, self drafter", "spec-lora": "spec, LoRA drafter", "spec-model": "spec, draft model",
+               "spec-self-fused": "spec, self drafter, fused", "spec-lora-fused": "spec, LoRA drafter, fused"}
+# lossless: held to AR's outputs token for token
+SPEC_MODES = ("spec-self", "spec-lora", "spec-model", "spec-self-fused", "spec-lora-fused")
+ADAPTER_MODES = ("spec-lora", "spec-lora-fused")  # the modes that draft with Uno's LoRA adapter
 # Base GenerationConfig fields per evaluation mode; knobs are layered on top.
 MODE_FIELDS = {"ar": {"mode": "ar"}, "mdm": {"mode": "mdm"}, "slotted": {"mode": "slotted"},
                "spec-self": {"mode": "spec", "drafter": "self"}, "spec-lora": {"mode": "spec", "drafter": "lora"},
-               "spec-model": {"mode": "spec", "drafter": "model"}}
+               "spec-model": {"mode": "spec", "drafter": "model"},
+               "spec-self-fused": {"mode": "spec", "drafter": "self", "fused": True},
+               "spec-lora-fused": {"mode": "spec", "drafter": "lora", "fused": True}}
 
 Knobs = ov.sparse(GenerationConfig)  # a typed partial GenerationConfig: the fields a mode overrides
 
@@ -55,6 +61,8 @@ class ModeKnobs:
     spec_self: Knobs = dataclasses.field(default=Knobs(), metadata={"key": "spec-self"})
     spec_lora: Knobs = dataclasses.field(default=Knobs(), metadata={"key": "spec-lora"})
     spec_model: Knobs = dataclasses.field(default=Knobs(), metadata={"key": "spec-model"})
+    spec_self_fused: Knobs = dataclasses.field(default=Knobs(), metadata={"key": "spec-self-fused"})
+    spec_lora_fused: Knobs = dataclasses.field(default=Knobs(), metadata={"key": "spec-lora-fused"})
 
     def as_dict(self) -> dict[str, dict]:
         """{mode: {field: value}} of the knobs set, the form `evaluate` takes."""
@@ -282,8 +290,9 @@ def evaluate(model: Inference, records: list[dict], ev: EvalConfig, *, knobs: di
     `ev` was validated when it was built; what is checked here needs the model and the records."""
     method, pattern = ev.answer, ev.answer_regex or None
     knobs = ev.knobs.as_dict() if knobs is None else knobs
-    if "spec-lora" in ev.modes and model.adapter is None:
-        raise ValueError("mode 'spec-lora' needs a LoRA drafter adapter (--lora DIR)")
+    lora_modes = [m for m in ev.modes if m in ADAPTER_MODES]
+    if lora_modes and model.adapter is None:
+        raise ValueError(f"mode {lora_modes[0]!r} needs a LoRA drafter adapter (--lora DIR)")
     if "spec-model" in ev.modes and model.draft_params is None:
         raise ValueError("mode 'spec-model' needs a draft model (--draft-ckpt DIR)")
     pairs, prompts, golds = render_records(records, model.tokenizer, model.prompt_format, method, pattern)
@@ -299,7 +308,7 @@ def evaluate(model: Inference, records: list[dict], ev: EvalConfig, *, knobs: di
     summary, predictions = [], []
     key = jax.random.PRNGKey(ev.seed)
     for mode in ev.modes:
-        gen, adapter = gens[mode], (model.adapter if mode == "spec-lora" else None)
+        gen, adapter = gens[mode], (model.adapter if mode in ADAPTER_MODES else None)
         draft = model.draft_kwargs if mode == "spec-model" else None
         bar = _progress_bar(mode, len(prompts)) if progress else None
         res = evaluate_mode(model.params, model.config, model.tokenizer, prompts, gen, key, ev.batch_size, adapter,

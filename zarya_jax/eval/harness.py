@@ -4,10 +4,11 @@
 (lm-eval's own command line; importing this module registers the model). Model arguments:
 
 - `ckpt` (required): a `zarya_jax.checkpoint` directory, read by `zarya_jax.inference.load_for_inference`;
-  `tokenizer`: a tokenizer directory (wins over the checkpoint's own); `lora`: an adapter directory for `mode=spec-lora`;
-  `draft`: a draft model checkpoint for `mode=spec-model`.
+  `tokenizer`: a tokenizer directory (wins over the checkpoint's own); `lora`: an adapter directory for
+  `mode=spec-lora` or `spec-lora-fused`; `draft`: a draft model checkpoint for `mode=spec-model`.
 - `mode`: an evaluation mode of `zarya_jax.eval.evaluate` (`ar`, `mdm`, `slotted`, `spec-self`,
-  `spec-lora`, `spec-model`) for `generate_until`; any other `key=value` is a `GenerationConfig` knob (`slot_size=8`,
+  `spec-lora`, `spec-model`, `spec-self-fused`, `spec-lora-fused`) for `generate_until`; any other
+  `key=value` is a `GenerationConfig` knob (`slot_size=8`,
   `draft_length=4`, `temperature=0.7`, …), typed and checked like `evaluate --knob`. A knob given here
   wins over the task's `temperature` / `do_sample`.
 - `format.FIELD=VALUE`: a field of the checkpoint's recorded prompt format (`render=false`: send lm-eval's
@@ -51,7 +52,7 @@ from ..inference import load_for_inference
 from ..nn import model as model_lib
 from ..sampling import GenerationConfig, generate
 from ..sampling.prompts import bucket_length
-from .evaluate import MODES, generation_config
+from .evaluate import ADAPTER_MODES, MODES, generation_config
 
 
 @functools.partial(jax.jit, static_argnums=(1,))
@@ -91,11 +92,11 @@ class ZaryaLM(LM):
         self.mode, self.batch_size, self.seed, self.render = mode, int(batch_size), int(seed), bool(render)
         self.length_bucket = int(length_bucket)
         generation_config(mode, 1, {"*": self.knobs})  # typos and bad values fail here, before any request
-        if mode == "spec-lora" and not lora:
-            raise ConfigError("mode=spec-lora needs lora=ADAPTER_DIR")
+        if mode in ADAPTER_MODES and not lora:
+            raise ConfigError(f"mode={mode} needs lora=ADAPTER_DIR")
         if mode == "spec-model" and not draft:
             raise ConfigError("mode=spec-model needs draft=DRAFT_CKPT_DIR")
-        model = load_for_inference(ckpt, tokenizer=tokenizer, adapter=lora if mode == "spec-lora" else None,
+        model = load_for_inference(ckpt, tokenizer=tokenizer, adapter=lora if mode in ADAPTER_MODES else None,
                                    draft=draft if mode == "spec-model" else None,
                                    format_overrides=formats)
         self.params, self.config, self.tokenizer, self.format = model.params, model.config, model.tokenizer, \

@@ -2,7 +2,7 @@
 
 `ExperimentConfig` is the trainer's sections (`model`, `zarya`, `optim`, `data`, `mesh`, `train`, see
 `zarya_jax.train.config`) plus `task` (the embedded task generator, or your own files), `drafter`
-(Uno's LoRA drafter, trained only for `spec-lora`), `draft_model` (an independent draft model, trained only
+(Uno's LoRA drafter, trained only for `spec-lora` / `spec-lora-fused`), `draft_model` (an independent draft model, trained only
 for `spec-model`), `eval` (modes, budget, batch, answer extraction and
 per-mode decoding knobs `eval.knobs.<mode>.<GenerationConfig field>`), `frontier` (the grid and the
 choice rule) and `goals` (the numbers the report's targets are measured against). Every `--set` of the
@@ -25,9 +25,9 @@ from ..objectives.drafter import DrafterConfig
 from ..train.config import RunConfig, TrainConfig
 from ..train.optim import OptimConfig
 
-DEFAULT_MODES = ("ar", "mdm", "slotted", "spec-self", "spec-lora")
+DEFAULT_MODES = ("ar", "mdm", "slotted", "spec-self", "spec-lora", "spec-self-fused", "spec-lora-fused")
 # Uno's setting (`train.objective=ar`): a plain AR model, frozen, and the LoRA drafter trained on it
-UNO_MODES = ("ar", "spec-lora")
+UNO_MODES = ("ar", "spec-lora", "spec-lora-fused")
 # ... with a shorter base run (plain next-token loss learns the task in 1500 steps) and a longer drafter
 # run: on a plain AR base the adapter learns to look ahead from scratch, where a Zarya base already
 # drafts (its MDM rows) and the default 400 steps suffice (docs/uno.md)
@@ -153,7 +153,9 @@ class DraftModelSection:
 class GoalsSection:
     """The report's targets (test split): AR's exact match (`ar_accuracy`, with a stretch goal), mode B's
     tokens per forward and its accuracy gap to AR (a fraction: 0.03 = 3 points), the self-drafter's and the
-    LoRA drafter's tokens per forward. Speculative modes are also held to AR's outputs token for token (lossless)."""
+    LoRA drafter's tokens per forward, and each fused mode's tokens per forward as a multiple of its
+    drafter's two-pass mode (`fused_self_gain`, `fused_lora_gain`). Speculative modes are also held to AR's
+    outputs token for token (lossless)."""
 
     ar_accuracy: float = 0.8
     ar_accuracy_stretch: float = 0.9
@@ -161,6 +163,8 @@ class GoalsSection:
     slotted_accuracy_gap: float = 0.03
     spec_self_tokens_per_forward: float = 2.5
     spec_lora_tokens_per_forward: float = 2.5
+    fused_self_gain: float = 1.7
+    fused_lora_gain: float = 1.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,7 +208,8 @@ def default_config() -> ExperimentConfig:
                                         slotted=Knobs(slot_size=8, serial_num_blocks=4, slot_threshold=0.9,
                                                       token_threshold=0.9, ar_infill=True, ar_first_token=True),
                                         spec_self=Knobs(draft_length=8), spec_lora=Knobs(draft_length=8),
-                                        spec_model=Knobs(draft_length=4))),
+                                        spec_model=Knobs(draft_length=4), spec_self_fused=Knobs(draft_length=4),
+                                        spec_lora_fused=Knobs(draft_length=4))),
         frontier=FrontierConfig())
 
 
@@ -219,7 +224,8 @@ SMOKE = {"task.num_train": 64, "task.num_test": 4, "task.num_val": 4, "model.hid
          "frontier.slotted_serial_num_blocks": [0], "frontier.slotted_slot_threshold": [0.9],
          "frontier.slotted_token_threshold": [0.5, 0.9], "frontier.slotted_corrections": ["refusion", "both"],
          "frontier.mdm_steps": [0, 2], "frontier.mdm_alpha0": [0.5], "frontier.mdm_orders": ["confidence"],
-         "frontier.mdm_sequential": ["ar"], "frontier.draft_lengths": [4], "draft_model.steps": 4,
+         "frontier.mdm_sequential": ["ar"], "frontier.draft_lengths": [4], "frontier.fused_draft_lengths": [2],
+         "draft_model.steps": 4,
          "draft_model.batch_size": 8}
 """The smoke size (`--smoke`, tests): seconds instead of minutes, a tiny model, a handful of steps and
 examples, one slot size."""

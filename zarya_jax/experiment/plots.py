@@ -19,7 +19,8 @@ def _save(fig, path: str) -> None:
 
 
 MODE_COLORS = {"ar": "black", "mdm": "tab:orange", "slotted": "tab:blue", "spec-self": "tab:green",
-               "spec-lora": "tab:purple", "spec-model": "tab:brown"}
+               "spec-lora": "tab:purple", "spec-model": "tab:brown", "spec-self-fused": "tab:olive",
+               "spec-lora-fused": "tab:pink"}
 
 
 def frontier_plot(points: list[dict], chosen: list[dict], loss_curve: list[tuple[int, float]] | None, path: str,

@@ -19,7 +19,7 @@ import time
 from .. import overrides
 from ..config import PromptFormat
 from ..eval import tasks
-from ..eval.evaluate import write_outputs
+from ..eval.evaluate import ADAPTER_MODES, write_outputs
 from ..files import check_writable_dir
 from ..inference import load_for_inference
 from ..provenance import provenance
@@ -85,7 +85,7 @@ def run(config: ExperimentConfig, workdir: str, *, progress: bool = True, force:
     records = tasks.read_jsonl(splits.test, model.prompt_format)
     if ev.limit:
         records = records[: ev.limit]
-    if "spec-lora" in ev.modes:
+    if any(m in ADAPTER_MODES for m in ev.modes):
         model = stages.train_drafter(config, model, stages.drafter_data(config, splits, workdir), workdir, force=force)
     if "spec-model" in ev.modes:
         model = stages.train_draft_model(config, model, splits.train, workdir, force=force)

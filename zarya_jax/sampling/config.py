@@ -13,6 +13,7 @@ import numpy as np
 
 MODES = ("ar", "mdm", "slotted", "spec")
 DRAFTERS = ("lora", "self", "model")
+FUSED_DRAFTERS = ("self", "lora")  # a drafter whose draft fits in the verify pass (not a separate model)
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 MDM_ORDERS = ("random", "logical", "confidence")
 MDM_SEQUENTIAL = ("mask", "ar")
@@ -24,7 +25,7 @@ MODE_KNOBS = {"ar": COMMON_KNOBS, "mdm": COMMON_KNOBS + ("steps", "alpha0", "mdm
               "slotted": COMMON_KNOBS + ("slot_size", "serial_num_blocks", "slot_threshold", "token_threshold",
                                          "ar_infill", "ar_first_token"),
               "spec": COMMON_KNOBS + ("draft_length", "fused", "draft_passes", "draft_when_active_below")}
-ROUTING_FIELDS = ("mode", "slotted_generation", "drafter")
+ROUTING_FIELDS = ("mode", "slotted_generation", "drafter", "fused")
 
 
 def check_knobs(mode: str, fields, prefix: str = "") -> None:
@@ -63,8 +64,8 @@ class GenerationConfig:
       classic speculative sampling, docs/algorithms.md §7.6).
     draft_passes: mode "spec" with drafter "lora": draft passes per cycle (docs/algorithms.md §7.7); pass k
       re-drafts the block from pass k−1's drafts, the last pass's q is verified (lossless for any k).
-    fused: mode "spec" with drafter "self" in one forward pass per cycle (docs/algorithms.md §7.5; `draft_length`
-      is its K drafts per cycle).
+    fused: mode "spec" with drafter "self" or "lora" in one forward pass per cycle (docs/algorithms.md §7.5;
+      `draft_length` is its K drafts per cycle).
     draft_when_active_below: mode "spec" (not fused): a cycle drafts only while the still-active rows are
       at most this fraction of the batch, else it is one AR pass (one token, one forward): speculation
       where decoding is memory-bound, in the same compiled loop (traced: no recompile per value). 1.0
@@ -151,9 +152,13 @@ class GenerationConfig:
             raise ValueError(f"GenerationConfig.drafter={self.drafter!r}: expected one of {DRAFTERS}")
         if not isinstance(self.fused, bool):
             raise ValueError(f"GenerationConfig.fused={self.fused!r}: expected True or False")
-        if self.fused and (self.resolved_mode != "spec" or self.drafter != "self"):
-            raise ValueError(f"GenerationConfig.fused=True is a mode of Ψ-Spec with the self drafter; got "
-                             f"mode={self.resolved_mode!r}, drafter={self.drafter!r} (expected mode='spec', drafter='self')")
+        if self.fused and (self.resolved_mode != "spec" or self.drafter not in FUSED_DRAFTERS):
+            raise ValueError(f"GenerationConfig.fused=True is a mode of Ψ-Spec with the self or LoRA drafter; got "
+                             f"mode={self.resolved_mode!r}, drafter={self.drafter!r} (expected mode='spec', drafter "
+                             f"in {FUSED_DRAFTERS})")
+        if self.fused and self.draft_passes > 1:
+            raise ValueError(f"GenerationConfig.draft_passes={self.draft_passes}: the fused loop drafts once per cycle, "
+                             "inside the verify pass (expected 1 with fused=True)")
         if self.draft_passes > 1 and (self.resolved_mode != "spec" or self.drafter != "lora"):
             raise ValueError(f"GenerationConfig.draft_passes={self.draft_passes} re-drafts with the LoRA drafter; got "
                              f"mode={self.resolved_mode!r}, drafter={self.drafter!r} (expected mode='spec', drafter='lora')")
@@ -166,7 +171,7 @@ class GenerationConfig:
                              "loop drafts every cycle (expected 1.0 with drafter='model')")
         if self.fused and self.draft_when_active_below != 1.0:
             raise ValueError(f"GenerationConfig.draft_when_active_below={self.draft_when_active_below}: the fused "
-                             "self-speculation loop drafts every cycle (expected 1.0 with fused=True)")
+                             "speculation loop drafts every cycle (expected 1.0 with fused=True)")
         if self.resolved_mode == "slotted" and self.slot_size > self.max_new_tokens:
             raise ValueError(
                 f"GenerationConfig.slot_size={self.slot_size} does not fit max_new_tokens={self.max_new_tokens}: "

@@ -1,25 +1,34 @@
-"""Fused Ψ-Spec with the self drafter: one forward pass per speculative cycle, still lossless (docs/algorithms.md §7.5).
+"""Fused Ψ-Spec: one forward pass per speculative cycle, still lossless, with either drafter (docs/algorithms.md §7.5).
 
 The cache holds the committed text except its last token y (logical position n−1); K drafts d1 … dK
 for positions n … n+K−1 and their draft distributions q1 … qK come from the previous cycle. One pass
-over a window of (K+1)(K+2) rows holds
-- the verify block `[y, d1 … dK]` at positions n−1 … n+K−1, causal against the cache: row j gives
-  p_{j+1}, the AR distribution of position n+j (AR convention);
-- K+1 scenario blocks of K+1 mask tokens each. Block m assumes the cycle accepts d1 … dm and emits a
-  correction/bonus e at position n+m: its rows sit at positions n+m … n+m+K, see the cache, the verify
-  rows 0 … m (y, d1 … dm) and, causally, their own block. Its first row holds e's place (context
-  only: e is drawn from p); row i ≥ 1 drafts position n+m+i (MDM convention: a mask predicts its own
-  position), i.e. the next cycle's d'_i.
+over a window of (K+1) + (K+1)·B rows holds
+- the verify block `[y, d1 … dK]` at positions n−1 … n+K−1, causal against the cache, the AR weights
+  (gate off): row j gives p_{j+1}, the AR distribution of position n+j (AR convention);
+- K+1 scenario blocks of B rows each. Block m assumes the cycle accepts d1 … dm and emits a
+  correction/bonus e at position n+m: its rows sit at positions n+m … n+m+B−1, see the cache, the
+  verify rows 0 … m (y, d1 … dm) and, causally, their own block. Its first row holds e's place (e is
+  drawn from p, so the row is context only for the self drafter). The drafts of the next cycle,
+  d'_i for position n+m+i (i = 1 … K), are read from the block by the drafter's own convention:
+  * `drafter="self"` (B = K+1, mask tokens, one set of weights): row i drafts its own position
+    (MDM convention), rows 1 … K;
+  * `drafter="lora"` (B = K, the adapter's noise rows `LoraConfig.noise`, gate on): row i drafts the
+    next position (the adapter's next-token convention), rows 0 … K−1. Block m is then exactly the
+    two-pass draft window `[seed, z1 … zK]` with the seed d_m (y for m = 0) at n+m−1: the seed row is
+    verify row m, whose K/V is the AR K/V either way. So the adapter's training layout (a clean seed,
+    then noise rows that see it, `objectives.drafter`) is the fused layout too, and d'_i is the
+    two-pass draft c_i of a window of F = K+1 rows: the same adapter serves both loops.
 Acceptance is `spec.accept_drafts` unchanged (greedy: argmax match; sampling: min(1, p/q), the
 residual at the first rejection, else a bonus from p_{K+1}), so the output is the AR model's
-distribution exactly; only the drafts are one token blinder than two-pass self-speculation's (they
-do not see e). The cycle commits the K/V of `y, d1 … dm` (computed against the cache: the AR K/V),
-keeps e as the next y and takes block m's rows as the next drafts and q. Each emitted token has its AR
+distribution exactly; only the drafts are one token blinder than two-pass speculation's (they do not
+see e). The cycle commits the K/V of `y, d1 … dm` (computed against the cache: the AR K/V), keeps e as
+the next y and takes block m's draft rows as the next drafts and q. Each emitted token has its AR
 logits at hand (d_j from verify row j−1, e from row m), so its log-probability costs nothing.
 
-The block is K+1 rows wide (e's mask and K drafts) so that the next cycle again has K drafts; the
-only knob is `draft_length` = K. The first cycle's drafts come from a bootstrap pass `[y, mask × K]` at
-n−1 … n+K−1 (nothing committed). Forward passes per row: the prefill, the bootstrap and one per cycle.
+Every cycle has K drafts, so the only knob is `draft_length` = K. The first cycle's drafts come from a
+bootstrap pass `[y, noise × (B−1)]` at n−1 … n+B−2 (nothing committed), read as a scenario block
+(for the LoRA drafter its row 0 is y's AR row, so d1 is drawn from p itself). Forward passes per
+row: the prefill, the bootstrap and one per cycle.
 
 Statistics (as `spec.summarize`): `accepted_per_cycle` (mean m, drafts kept), `tokens_per_cycle`
 (mean m+1), `tokens_per_forward` (generated tokens / decode passes, the bootstrap included),
@@ -33,9 +42,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..config import ModelConfig
+from ..config import LoraConfig, ModelConfig
 from ..nn import kv_cache
 from ..nn import model as model_lib
+from ..nn.lora import noise_tokens
 from . import decoding, spec
 from .config import GenerationConfig
 from .decoder import Decoder
@@ -43,42 +53,58 @@ from .decoder import Decoder
 Array = jax.Array
 
 
-def window_layout(k: int) -> tuple[np.ndarray, np.ndarray]:
+def block_rows(k: int, drafter: str) -> int:
+    """B, the rows of one scenario block: e's place and K drafts (self), or K noise rows (LoRA)."""
+    return k + 1 if drafter == "self" else k
+
+
+def window_layout(k: int, drafter: str = "self") -> tuple[np.ndarray, np.ndarray]:
     """The fused window for K = k drafts: (logical position offsets from n int [T], attention mask bool
-    [T, T]) with T = (k+1)(k+2): the verify block first (rows 0 … k), then block m at rows
-    (k+1)(m+1) … (k+1)(m+2)−1 (module doc)."""
-    w = k + 1
-    offsets = np.concatenate([np.arange(w) - 1] + [m + np.arange(w) for m in range(w)]).astype(np.int32)
-    mask = np.zeros((w * (w + 1),) * 2, bool)
-    causal = np.tril(np.ones((w, w), bool))
-    mask[:w, :w] = causal
+    [T, T]) with T = (k+1)(1+B): the verify block first (rows 0 … k), then block m at rows
+    (k+1) + m·B … (k+1) + (m+1)·B − 1 (module doc)."""
+    w, blk = k + 1, block_rows(k, drafter)
+    offsets = np.concatenate([np.arange(w) - 1] + [m + np.arange(blk) for m in range(w)]).astype(np.int32)
+    mask = np.zeros((w + w * blk,) * 2, bool)
+    mask[:w, :w] = np.tril(np.ones((w, w), bool))
     for m in range(w):
-        rows = slice(w * (m + 1), w * (m + 2))
+        rows = slice(w + m * blk, w + (m + 1) * blk)
         mask[rows, :m + 1] = True  # y, d1 … dm
-        mask[rows, rows] = causal
+        mask[rows, rows] = np.tril(np.ones((blk, blk), bool))
     return offsets, mask
 
 
 def window_rows(gcfg: GenerationConfig) -> int:
-    return (gcfg.draft_length + 1) * (gcfg.draft_length + 2)
+    k = gcfg.draft_length
+    return (k + 1) * (1 + block_rows(k, gcfg.drafter))
 
 
-@functools.partial(jax.jit, static_argnames=("config", "gcfg"))
-def fused_decode(params, prompts: Array, lengths: Array, key: Array, max_cycles: Array, *, config: ModelConfig,
-                 gcfg: GenerationConfig) -> dict:
-    """Fused self-speculative decode (module doc). prompts int [b, P] right-padded, lengths int [b] ≥ 1;
-    max_cycles int32 scalar (traced; cycle c's randomness is fold_in(key, c + 1), the bootstrap's
-    fold_in(key, 0)). Returns the keys of `spec.spec_decode` ('accepted_at', 'reached_at' per draft
-    d1 … dK; 'seed' is y, 'positions' n) plus 'drafts' [b, K]."""
+@functools.partial(jax.jit, static_argnames=("config", "gcfg", "lora"))
+def fused_decode(params, lora_params, prompts: Array, lengths: Array, key: Array, max_cycles: Array, *,
+                 config: ModelConfig, gcfg: GenerationConfig, lora: LoraConfig | None = None) -> dict:
+    """Fused Ψ-Spec decode (module doc) with `gcfg.drafter` ("self": lora_params and lora None; "lora":
+    the adapter). prompts int [b, P] right-padded, lengths int [b] ≥ 1; max_cycles int32 scalar (traced;
+    cycle c's randomness is fold_in(key, c + 1), the bootstrap's fold_in(key, 0)). Returns the keys of
+    `spec.spec_decode` ('accepted_at', 'reached_at' per draft d1 … dK; 'seed' is y, 'positions' n) plus
+    'drafts' [b, K]."""
     K, G = gcfg.draft_length, gcfg.max_new_tokens
-    w = K + 1
+    w, blk = K + 1, block_rows(K, gcfg.drafter)
+    first = blk - K  # a block's first draft row: 1 (self, MDM convention) or 0 (LoRA, next-token)
     b, P = prompts.shape
     greedy = gcfg.temperature == 0
     eos, pad = decoding.special_ids(config, gcfg)
     prompts = prompts.astype(jnp.int32)
     lengths = lengths.astype(jnp.int32)
+    adapter = {} if gcfg.drafter == "self" else {"lora_params": lora_params, "lora": lora}
 
     dist, draw = spec.target(config, gcfg)
+
+    def noise(k, shape):  # the drafter's input ids for rows it drafts from
+        if gcfg.drafter == "self":
+            return jnp.full(shape, config.mask_token_id, jnp.int32)
+        return noise_tokens(k, shape, config.vocab_size, config.mask_token_id, lora.noise)
+
+    def gated(on):  # LoRA on the drafting rows only; the self drafter has one set of weights
+        return {} if gcfg.drafter == "self" else {"gate": jnp.broadcast_to(on, (b,) + on.shape[1:])}
 
     def drafts_from(k, logits, presence):  # drafts ~ q and q itself; any q is lossless, so the penalty set
         pres = None if presence is None else presence[:, None, :]  # is the committed text's
@@ -86,16 +112,18 @@ def fused_decode(params, prompts: Array, lengths: Array, key: Array, max_cycles:
 
     cache, y = spec.prefill_but_last(params, config, prompts, lengths, spec.cache_rows(gcfg, P), gcfg.kv_cache_dtype)
     presence = decoding.initial_presence(prompts, lengths, config.vocab_size, gcfg)
-    # Bootstrap: `[y, mask × K]` at n−1 … n+K−1; the mask at n+j−1 drafts d_j. Nothing is committed.
-    idx_w = jnp.arange(w, dtype=jnp.int32)[None, :]
-    boot, _ = model_lib.apply(params, config, jnp.where(idx_w == 0, y[:, None], config.mask_token_id),
-                              (lengths - 1)[:, None] + idx_w, cache=cache)
-    drafts, q = drafts_from(jax.random.fold_in(key, 0), boot[:, 1:], presence)
+    # Bootstrap: `[y, noise × (B−1)]` at n−1 … n+B−2, read as a scenario block. Nothing is committed.
+    k_boot, k_boot_noise = jax.random.split(jax.random.fold_in(key, 0))
+    idx_b = jnp.arange(blk, dtype=jnp.int32)[None, :]
+    boot, _ = model_lib.apply(params, config, jnp.where(idx_b == 0, y[:, None], noise(k_boot_noise, (b, blk))),
+                              (lengths - 1)[:, None] + idx_b, cache=cache, **gated(idx_b > 0), **adapter)
+    drafts, q = drafts_from(k_boot, boot[:, first:], presence)
 
-    offsets, mask = window_layout(K)
+    offsets, mask = window_layout(K, gcfg.drafter)
     offsets = jnp.asarray(offsets)[None, :]
     mask = jnp.broadcast_to(jnp.asarray(mask), (b,) + mask.shape)
-    scenario_tokens = jnp.full((b, w * w), config.mask_token_id, jnp.int32)
+    scenario = jnp.arange(offsets.shape[1])[None, :] >= w
+    idx_w = jnp.arange(w, dtype=jnp.int32)[None, :]
     idx_k = jnp.arange(K, dtype=jnp.int32)[None, :]
 
     state = dict(cache=cache, y=y, n=lengths, drafts=drafts, q=q, out=jnp.full((b, G), pad, jnp.int32),
@@ -108,12 +136,14 @@ def fused_decode(params, prompts: Array, lengths: Array, key: Array, max_cycles:
         return jnp.any(~s["done"]) & (s["cycle"] < jnp.minimum(max_cycles, G))
 
     def body(s):
-        k_acc, k_draw = jax.random.split(jax.random.fold_in(key, s["cycle"] + 1))
+        kc = jax.random.fold_in(key, s["cycle"] + 1)
+        k_acc, k_draw = jax.random.split(kc)
         active = ~s["done"]
         c, n = s["cache"], s["n"]
         verify = jnp.concatenate([s["y"][:, None], s["drafts"]], axis=1)  # [y, d1 … dK]
-        logits, (k_win, v_win) = model_lib.apply(params, config, jnp.concatenate([verify, scenario_tokens], axis=1),
-                                                 n[:, None] + offsets, cache=c, window_mask=mask)
+        tokens = jnp.concatenate([verify, noise(jax.random.fold_in(kc, 2), (b, w * blk))], axis=1)
+        logits, (k_win, v_win) = model_lib.apply(params, config, tokens, n[:, None] + offsets, cache=c,
+                                                 window_mask=mask, **gated(scenario), **adapter)
         logits_v = logits[:, :w]  # row j: p for position n+j
         p = dist(logits_v, spec.presence_rows(s["presence"], verify))
         m, e = spec.accept_drafts(p, s["q"], s["drafts"], k_acc, greedy=greedy)
@@ -126,9 +156,9 @@ def fused_decode(params, prompts: Array, lengths: Array, key: Array, max_cycles:
                                                             logits_v, eos, config=config, gcfg=gcfg)
         presence = decoding.add_presence(s["presence"], new, written)
 
-        # The next drafts: block m's rows 1 … K (positions n+m+1 … n+m+K).
-        blocks = logits[:, w:].reshape(b, w, w, -1)
-        chosen = jnp.take_along_axis(blocks, m[:, None, None, None], axis=1)[:, 0, 1:]
+        # The next drafts: block m's draft rows (for positions n+m+1 … n+m+K).
+        blocks = logits[:, w:].reshape(b, w, blk, -1)
+        chosen = jnp.take_along_axis(blocks, m[:, None, None, None], axis=1)[:, 0, first:]
         drafts, q = drafts_from(k_draw, chosen, presence)
 
         act = active.astype(jnp.int32)
@@ -150,9 +180,10 @@ def fused_decode(params, prompts: Array, lengths: Array, key: Array, max_cycles:
 
 
 def run(params, tokens: Array, lengths: Array, key: Array, *, config: ModelConfig, gcfg: GenerationConfig,
-        debug: bool = False, dyn: dict | None = None) -> dict:
+        debug: bool = False, dyn: dict | None = None, lora_params=None, lora: LoraConfig | None = None) -> dict:
     """The decoder's run: `fused_decode` with the whole budget, without the final cache."""
-    raw = fused_decode(params, tokens, lengths, key, jnp.int32(gcfg.max_new_tokens), config=config, gcfg=gcfg)
+    raw = fused_decode(params, lora_params, tokens, lengths, key, jnp.int32(gcfg.max_new_tokens), config=config,
+                       gcfg=gcfg, lora=lora)
     return {k: v for k, v in raw.items() if k != "cache"}
 
 
@@ -160,4 +191,4 @@ def stats(raw: dict, gcfg: GenerationConfig, tokens: np.ndarray, lengths: np.nda
     return {"drafter": gcfg.drafter, "draft_length": gcfg.draft_length, "fused": True, **spec.summarize(raw)}
 
 
-DECODER = Decoder(run, stats)
+DECODER = Decoder(run, stats, spec.check, uses_adapter=True)

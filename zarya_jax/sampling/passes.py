@@ -7,7 +7,8 @@ the cache is *donated*: the returned cache reuses the argument's buffers, so a P
 holds one cache, not two.
 
 - `window_rows(gcfg)`: the rows of one pass of each mode: AR 1; mode A 2K (`mdm.window_rows`); mode B one
-  block (`slotted.block_layout`); Ψ-Spec F (F + 1 with the self drafter: the seed and F masks); fused Ψ-Spec (K+1)(K+2) (`fused.window_rows`).
+  block (`slotted.block_layout`); Ψ-Spec F (F + 1 with the self drafter: the seed and F masks); fused
+  Ψ-Spec (K+1)(K+2) with the self drafter, (K+1)² with the LoRA drafter (`fused.window_rows`).
 - `cache_rows(gcfg, prompt_len)`: the rows of the cache each mode allocates.
 - `cached_pass(params, cache, tokens, positions, *, config)`: a causal window [B, W] at logical
   `positions` against every committed cache row; returns (logits fp32 [B, W, V], the cache with the
