@@ -27,8 +27,12 @@ def test_device_smoke(tmp_path):
     assert [(w["batch"], w["window"]) for w in r["window"]] == [(2, 1), (2, 4)]
     assert all(w["vs_window_1"] == 1.0 for w in r["window"] if w["window"] == 1)
     cfg = preset("tiny")  # fp32 in the smoke run
-    for row in r["decode"]:
-        assert row["tokens_per_s"] > 0 and row["new_tokens"] == 8
+    assert [row["mode"] for row in r["decode"]] == ["ar", "spec-self", "spec-self-fused"]
+    for row in r["decode"][1:]:  # two-pass and fused speculation, their pass cost against AR's in the same run
+        assert row["tokens_per_s"] > 0 and row["passes"] >= 2 and "roofline_tokens_per_s" not in row
+        assert row["pass_vs_ar"] == row["ms_per_pass"] / r["decode"][0]["ms_per_pass"]
+    for row in r["decode"][:1]:
+        assert row["tokens_per_s"] > 0 and row["new_tokens"] == 8 and row["pass_vs_ar"] == 1.0
         weights = 4 * cfg.num_params()
         cache = 4 * 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * (row["prompt"] + row["new_tokens"] / 2)
         expect = row["batch"] * bw / (weights + row["batch"] * cache)
@@ -39,7 +43,8 @@ def test_device_smoke(tmp_path):
 def test_device_time_budget_and_bad_input(tmp_path, capsys):
     assert bench(["--out", str(tmp_path), "device", "--smoke", "--budget-s", "0"]) == 0
     r = _read(tmp_path, "device")
-    assert r["skipped"] == ["train", "window", "decode batch 2"] and r["decode"] == []
+    assert r["skipped"] == ["train", "window", "decode ar batch 2", "decode spec-self batch 2",
+                            "decode spec-self-fused batch 2"] and r["decode"] == []
     assert bench(["--out", str(tmp_path / "bad"), "device", "--seq", "0"]) == 2
     assert capsys.readouterr().err.startswith("error: --seq=0")
     assert not (tmp_path / "bad").exists()

@@ -16,7 +16,11 @@
    `--context`-token prompt, compile excluded, best of `--repeats`) at batch 1 and 64, next to the HBM
    roofline: a decode pass must read every weight once plus the rows' KV cache, so it takes at least
    (weight bytes + mean cache bytes) ÷ bandwidth (`train.metrics.HBM_BANDWIDTH`, or `--bandwidth`), and
-   the roofline is batch ÷ that time.
+   the roofline is batch ÷ that time. In the same run, two-pass self-speculation (`--draft-length` F)
+   and fused self-speculation (one pass per cycle, `--fused-k` K) decode the same prompts: their tokens/s
+   and ms per pass next to AR's. The weights are random, so drafts are rejected and a cycle yields about
+   one token: the rows measure what a cycle costs against an AR step (`pass_vs_ar`); a trained model's
+   tokens/s is about its tokens per forward (`experiments.evaluate`) ÷ ms per pass.
 
 Targets on one H200 (docs/benchmarks.md): train MFU ≥ 40 %; AR decode at batch 1 ≥ 70 % of the roofline; a W = 8
 pass ≤ 1.2× a W = 1 pass at batch 1. Parts left when `--budget-s` is spent are recorded as skipped.
@@ -58,6 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batches", type=csv_ints, default=[1, 64], help="batch sizes of the window and decode parts")
     p.add_argument("--context", type=int, default=1024, help="committed cache rows (window part); prompt tokens (decode)")
     p.add_argument("--new-tokens", type=int, default=256, help="AR tokens per row (decode part)")
+    p.add_argument("--draft-length", type=int, default=8, help="F of two-pass self-speculation (decode part)")
+    p.add_argument("--fused-k", type=int, default=4, help="K of fused self-speculation (decode part)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--bandwidth", type=float, default=0.0, help="memory bytes/s (default: the device table)")
     p.add_argument("--budget-s", type=float, default=450.0, help="skip the parts left after this many seconds")
@@ -67,7 +73,7 @@ def _settings(args) -> argparse.Namespace:
     s = vars(args).copy()
     if args.smoke:
         s.update(SMOKE)
-    for name in ("seq", "train_batch", "steps", "context", "new_tokens", "repeats"):
+    for name in ("seq", "train_batch", "steps", "context", "new_tokens", "repeats", "draft_length", "fused_k"):
         if s[name] < 1:
             raise ValueError(f"--{name.replace('_', '-')}={s[name]}: expected a positive integer")
     model_config(s["preset"], dtype=s["dtype"], attention=s["attention"])  # a bad name is a ConfigError here
@@ -114,25 +120,34 @@ def window_costs(cfg, params, batches, windows, context: int, repeats: int) -> l
     return out
 
 
-def decode_speed(cfg, params, batch: int, prompt: int, new_tokens: int, repeats: int, bandwidth) -> dict:
-    gc = GenerationConfig(mode="ar", max_new_tokens=new_tokens, stop_at_eos=False, prompt_bucket=prompt)
+def decode_modes(draft_length: int, fused_k: int) -> dict[str, dict]:
+    """The decode part's modes: the `GenerationConfig` fields of each."""
+    return {"ar": {"mode": "ar"}, "spec-self": {"mode": "spec", "drafter": "self", "draft_length": draft_length},
+            "spec-self-fused": {"mode": "spec", "drafter": "self", "fused": True, "draft_length": fused_k}}
+
+
+def decode_speed(cfg, params, batch: int, prompt: int, new_tokens: int, repeats: int, bandwidth,
+                 mode: str = "ar", fields: dict | None = None) -> dict:
+    gc = GenerationConfig(max_new_tokens=new_tokens, stop_at_eos=False, prompt_bucket=prompt, **(fields or {"mode": "ar"}))
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, min(cfg.vocab_size, 256), prompt).tolist() for _ in range(batch)]
     generate(params, cfg, prompts, gc, jax.random.PRNGKey(0))  # compile
-    seconds, tokens = min(_timed_generate(params, cfg, prompts, gc) for _ in range(repeats))
+    seconds, tokens, passes = min(_timed_generate(params, cfg, prompts, gc) for _ in range(repeats))
     tps = tokens / seconds
-    row = {"batch": batch, "prompt": prompt, "new_tokens": new_tokens, "seconds": seconds, "tokens_per_s": tps}
-    if bandwidth:
+    row = {"mode": mode, "batch": batch, "prompt": prompt, "new_tokens": new_tokens, "seconds": seconds,
+           "tokens_per_s": tps, "passes": passes, "ms_per_pass": 1e3 * seconds / passes}
+    if bandwidth and mode == "ar":
         roof = roofline_tokens_per_s(cfg, batch, prompt, new_tokens, bandwidth)
         row.update(roofline_tokens_per_s=roof, fraction_of_roofline=tps / roof)
     return row
 
 
-def _timed_generate(params, cfg, prompts, gc) -> tuple[float, int]:
-    """(seconds, generated tokens) of one `generate` call (it returns host arrays: the work is done)."""
+def _timed_generate(params, cfg, prompts, gc) -> tuple[float, int, int]:
+    """(seconds, generated tokens, passes of the compiled loop) of one `generate` call (it returns host
+    arrays: the work is done)."""
     t0 = time.perf_counter()
     out = generate(params, cfg, prompts, gc, jax.random.PRNGKey(1))
-    return time.perf_counter() - t0, int(out.lengths.sum())
+    return time.perf_counter() - t0, int(out.lengths.sum()), out.stats["loop_passes"]
 
 
 def run(args) -> tuple[dict, str]:
@@ -161,8 +176,13 @@ def run(args) -> tuple[dict, str]:
         results["window"] = window_costs(cfg, params(), s.batches, s.windows, s.context, s.repeats)
     results["decode"] = []
     for b in s.batches:
-        if due(f"decode batch {b}"):
-            results["decode"].append(decode_speed(cfg, params(), b, s.context, s.new_tokens, s.repeats, bandwidth))
+        ar_ms = None
+        for mode, fields in decode_modes(s.draft_length, s.fused_k).items():
+            if due(f"decode {mode} batch {b}"):
+                row = decode_speed(cfg, params(), b, s.context, s.new_tokens, s.repeats, bandwidth, mode, fields)
+                ar_ms = row["ms_per_pass"] if mode == "ar" else ar_ms
+                row["pass_vs_ar"] = row["ms_per_pass"] / ar_ms if ar_ms else None
+                results["decode"].append(row)
     results["seconds"] = time.perf_counter() - start
 
     md = [f"Device: {results['device']} ({results['platform']}); {s.preset}, {s.dtype}; memory: {bw_note}", ""]
@@ -174,8 +194,9 @@ def run(args) -> tuple[dict, str]:
         md += ["Cached forward pass vs window:", "", markdown_table(results["window"], [
             "batch", "window", "ms_per_pass", "vs_window_1", "ms_per_token_row"])]
     if results["decode"]:
-        md += ["AR decode:", "", markdown_table(results["decode"], [
-            "batch", "prompt", "new_tokens", "tokens_per_s", "roofline_tokens_per_s", "fraction_of_roofline"])]
+        md += ["Decode (AR, two-pass and fused self-speculation; random weights, so a cycle yields ~1 token):", "",
+               markdown_table(results["decode"], ["mode", "batch", "prompt", "new_tokens", "tokens_per_s", "ms_per_pass",
+                                                  "pass_vs_ar", "roofline_tokens_per_s", "fraction_of_roofline"])]
     if results["skipped"]:
         md.append(f"Skipped (time budget): {', '.join(results['skipped'])}")
     return results, "\n".join(md)
