@@ -37,10 +37,9 @@ class FrontierConfig:
       sequential convention, α0 = 1 the convention). Mode A beats AR's tokens per forward only when
       α0·M > T (≈ M / (1 + min(N_d, T) + (1 − α0)·M)), so the default grid has no α0 = 0.25 point (≈ 0.85
       by construction at T = 16) and no T = 16 point. draft_lengths: F of spec-self / spec-lora / spec-model.
-    fused_draft_lengths: K of spec-self-fused / spec-lora-fused (one forward per cycle). Shorter than
-      `draft_lengths` by default: a fused window has (K+1)(K+2) or (K+1)² rows, which a CPU pays for in
-      proportion (an accelerator at small batch barely does), and K = 8 already reaches past most of
-      what a cycle accepts.
+    fused_draft_lengths: K of spec-self-fused / spec-lora-fused (one forward per cycle). A fused window
+      has (K+1)(K+2) or (K+1)² rows, which a CPU pays for in proportion (an accelerator at small batch
+      barely does), so the grid has no K = 2 point, which never wins on tokens per forward.
     tolerance: the fraction of the validation examples a chosen point may lose to AR (answer wrongly where AR
       is right); 0 (the default) asks for every answer AR gets right — parallel decoding at AR quality, the
       papers' claim.
@@ -57,7 +56,7 @@ class FrontierConfig:
     mdm_orders: tuple[str, ...] = ("random", "confidence")
     mdm_sequential: tuple[str, ...] = ("mask", "ar")
     draft_lengths: tuple[int, ...] = (2, 4, 8, 16)
-    fused_draft_lengths: tuple[int, ...] = (2, 4, 8)
+    fused_draft_lengths: tuple[int, ...] = (4, 8, 16)
     tolerance: float = 0.0
     enabled: bool = True
 

@@ -275,6 +275,13 @@ def apply(params, config: ModelConfig, tokens: Array, positions: Array | None = 
     return Qwen3(config, lora if lora_params is not None else None).apply(variables, tokens, positions, **kwargs)
 
 
+def lm_head(params, config: ModelConfig, hidden: Array) -> Array:
+    """The output projection of `Qwen3` on final-normed hidden states [..., d] (`apply(..., return_hidden=True)`):
+    logits float32 [..., v], so a caller that needs a few rows' logits projects only those."""
+    head = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
+    return jnp.einsum("...d,dv->...v", hidden, head.astype(config.jnp_dtype), preferred_element_type=jnp.float32)
+
+
 def forward(params, config: ModelConfig, tokens: Array, positions: Array | None = None) -> Array:
     """Plain causal forward (through `config.attention`): logits float32 [b, l, v]; positions default to
     arange(l). Params of another config are a `ShapeError` naming the first param that does not fit."""

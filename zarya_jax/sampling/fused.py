@@ -25,13 +25,13 @@ see e). The cycle commits the K/V of `y, d1 … dm` (computed against the cache:
 the next y and takes block m's draft rows as the next drafts and q. Each emitted token has its AR
 logits at hand (d_j from verify row j−1, e from row m), so its log-probability costs nothing.
 
-Every cycle has K drafts, so the only knob is `draft_length` = K. The first cycle's drafts come from a
-bootstrap pass `[y, noise × (B−1)]` at n−1 … n+B−2 (nothing committed), read as a scenario block
-(for the LoRA drafter its row 0 is y's AR row, so d1 is drawn from p itself). Forward passes per
-row: the prefill, the bootstrap and one per cycle.
+Every cycle has K drafts, so the only knob is `draft_length` = K. The first cycle's drafts come from the
+prefill itself: one causal pass over each prompt followed by B−1 noise rows (`prefill_and_draft`) commits
+the prompt minus y and reads the rows of y and the noise as a scenario block (for the LoRA drafter y's
+row is its AR row, so d1 is drawn from p itself). Forward passes per row: the prefill and one per cycle.
 
 Statistics (as `spec.summarize`): `accepted_per_cycle` (mean m, drafts kept), `tokens_per_cycle`
-(mean m+1), `tokens_per_forward` (generated tokens / decode passes, the bootstrap included),
+(mean m+1), `tokens_per_forward` (generated tokens / decode passes: one per cycle),
 `acceptance_by_position` (per draft d_j: P(accepted | examined)).
 """
 from __future__ import annotations
@@ -78,12 +78,32 @@ def window_rows(gcfg: GenerationConfig) -> int:
     return (k + 1) * (1 + block_rows(k, gcfg.drafter))
 
 
+def prefill_and_draft(params, config: ModelConfig, prompts: Array, lengths: Array, noise: Array, blk: int,
+                      cache_len: int, cache_dtype: str = "auto", adapter: dict | None = None) -> tuple[dict, Array, Array]:
+    """The prefill of fused Ψ-Spec, which also drafts the first cycle: one causal pass over each prompt
+    (int [b, P] right-padded, lengths [b] ≥ 1) followed by B−1 rows of `noise` (int [b, P + B − 1], read
+    at the rows after each prompt; with `adapter`, gate on there). Returns (a cache of `cache_len` rows
+    holding each prompt minus its last token y, y int [b], logits fp32 [b, B, V] of y's row and the noise
+    rows: the window `[y, noise × (B−1)]` at n−1 … n+B−2 against that cache, as a scenario block)."""
+    b, P = prompts.shape
+    idx = jnp.arange(P + blk - 1, dtype=jnp.int32)[None, :]
+    tokens = jnp.where(idx < lengths[:, None], jnp.pad(prompts, ((0, 0), (0, blk - 1))), noise)
+    valid = idx < (lengths + blk - 1)[:, None]
+    gate = {} if adapter is None else {"gate": valid & (idx >= lengths[:, None]), **adapter}
+    hidden, kv = model_lib.apply(params, config, tokens, jnp.broadcast_to(idx, tokens.shape),
+                                 segment_ids=valid.astype(jnp.int32), return_hidden=True, **gate)
+    rows = (lengths - 1)[:, None] + jnp.arange(blk, dtype=jnp.int32)[None, :]
+    logits = model_lib.lm_head(params, config, jnp.take_along_axis(hidden, rows[..., None], axis=1))
+    cache = kv_cache.commit(kv_cache.init(config, b, cache_len, cache_dtype), kv, idx < (lengths - 1)[:, None])
+    return cache, jnp.take_along_axis(prompts, (lengths - 1)[:, None], axis=1)[:, 0], logits
+
+
 @functools.partial(jax.jit, static_argnames=("config", "gcfg", "lora"))
 def fused_decode(params, lora_params, prompts: Array, lengths: Array, key: Array, max_cycles: Array, *,
                  config: ModelConfig, gcfg: GenerationConfig, lora: LoraConfig | None = None) -> dict:
     """Fused Ψ-Spec decode (module doc) with `gcfg.drafter` ("self": lora_params and lora None; "lora":
     the adapter). prompts int [b, P] right-padded, lengths int [b] ≥ 1; max_cycles int32 scalar (traced;
-    cycle c's randomness is fold_in(key, c + 1), the bootstrap's fold_in(key, 0)). Returns the keys of
+    cycle c's randomness is fold_in(key, c + 1), the prefill's drafts' fold_in(key, 0)). Returns the keys of
     `spec.spec_decode` ('accepted_at', 'reached_at' per draft d1 … dK; 'seed' is y, 'positions' n) plus
     'drafts' [b, K]."""
     K, G = gcfg.draft_length, gcfg.max_new_tokens
@@ -110,13 +130,11 @@ def fused_decode(params, lora_params, prompts: Array, lengths: Array, key: Array
         pres = None if presence is None else presence[:, None, :]  # is the committed text's
         return draw(k, logits, pres), dist(logits, pres)
 
-    cache, y = spec.prefill_but_last(params, config, prompts, lengths, spec.cache_rows(gcfg, P), gcfg.kv_cache_dtype)
-    presence = decoding.initial_presence(prompts, lengths, config.vocab_size, gcfg)
-    # Bootstrap: `[y, noise × (B−1)]` at n−1 … n+B−2, read as a scenario block. Nothing is committed.
+    # The prefill drafts the first cycle: `[y, noise × (B−1)]` at n−1 … n+B−2, read as a scenario block.
     k_boot, k_boot_noise = jax.random.split(jax.random.fold_in(key, 0))
-    idx_b = jnp.arange(blk, dtype=jnp.int32)[None, :]
-    boot, _ = model_lib.apply(params, config, jnp.where(idx_b == 0, y[:, None], noise(k_boot_noise, (b, blk))),
-                              (lengths - 1)[:, None] + idx_b, cache=cache, **gated(idx_b > 0), **adapter)
+    cache, y, boot = prefill_and_draft(params, config, prompts, lengths, noise(k_boot_noise, (b, P + blk - 1)), blk,
+                                       spec.cache_rows(gcfg, P), gcfg.kv_cache_dtype, adapter or None)
+    presence = decoding.initial_presence(prompts, lengths, config.vocab_size, gcfg)
     drafts, q = drafts_from(k_boot, boot[:, first:], presence)
 
     offsets, mask = window_layout(K, gcfg.drafter)
@@ -174,7 +192,7 @@ def fused_decode(params, lora_params, prompts: Array, lengths: Array, key: Array
 
     s = jax.lax.while_loop(cond, body, state)
     return {"tokens": s["out"], "lengths": s["g"], "logprobs": s["logprobs"],
-            "num_forward_passes": 2 + s["row_cycles"], "loop_passes": 2 + s["cycle"], "row_cycles": s["row_cycles"],
+            "num_forward_passes": 1 + s["row_cycles"], "loop_passes": 1 + s["cycle"], "row_cycles": s["row_cycles"],
             "accepted_sum": s["accepted_sum"], "accepted_at": s["accepted_at"], "reached_at": s["reached_at"],
             "cache": s["cache"], "seed": s["y"], "positions": s["n"], "drafts": s["drafts"]}
 

@@ -337,7 +337,7 @@ def summarize(raw: dict) -> dict:
             "draft_cycles": draft_cycles,  # row-cycles that drafted (the others were AR passes)
             "accepted_per_cycle": float(raw["accepted_sum"]) / max(draft_cycles, 1),
             "tokens_per_cycle": generated / row_cycles,
-            # decode passes = every pass but the prefill (two per cycle here; one per cycle + the bootstrap fused)
+            # decode passes = every pass but the prefill (two per cycle here; one per cycle fused)
             "tokens_per_forward": generated / max(int(np.sum(np.asarray(raw["num_forward_passes"]) - 1)), 1),
             "acceptance_by_position": (np.asarray(raw["accepted_at"]) / reached).tolist(),
             # the counts behind the ratios, so callers can pool several calls exactly (`pool_acceptance`)
