@@ -38,15 +38,14 @@ MODES = ("ar", "mdm", "slotted", "spec-self", "spec-lora", "spec-model", "spec-s
 MODE_LABELS = {"ar": "AR", "mdm": "mode A (MDM)", "slotted": "mode B (slotted)",
                "spec-self": "spec, self drafter", "spec-lora": "spec, LoRA drafter", "spec-model": "spec, draft model",
                "spec-self-fused": "spec, self drafter, fused", "spec-lora-fused": "spec, LoRA drafter, fused"}
-# lossless: held to AR's outputs token for token
-SPEC_MODES = ("spec-self", "spec-lora", "spec-model", "spec-self-fused", "spec-lora-fused")
-ADAPTER_MODES = ("spec-lora", "spec-lora-fused")  # the modes that draft with Uno's LoRA adapter
 # Base GenerationConfig fields per evaluation mode; knobs are layered on top.
 MODE_FIELDS = {"ar": {"mode": "ar"}, "mdm": {"mode": "mdm"}, "slotted": {"mode": "slotted"},
                "spec-self": {"mode": "spec", "drafter": "self"}, "spec-lora": {"mode": "spec", "drafter": "lora"},
                "spec-model": {"mode": "spec", "drafter": "model"},
                "spec-self-fused": {"mode": "spec", "drafter": "self", "fused": True},
                "spec-lora-fused": {"mode": "spec", "drafter": "lora", "fused": True}}
+SPEC_MODES = tuple(m for m, f in MODE_FIELDS.items() if f["mode"] == "spec")  # lossless: held to AR's outputs
+ADAPTER_MODES = tuple(m for m, f in MODE_FIELDS.items() if f.get("drafter") == "lora")  # draft with Uno's adapter
 
 Knobs = ov.sparse(GenerationConfig)  # a typed partial GenerationConfig: the fields a mode overrides
 
