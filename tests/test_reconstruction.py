@@ -64,10 +64,11 @@ def test_hand_example_matches_numpy():
     assert not out["is_dif"].any()
 
 
-@pytest.mark.parametrize("sorting", [False, True])
-def test_loss_equals_one_forward_per_masked_token(tiny_config, tiny_params, sorting):
-    """L_seq = mean CE of x0[i] at a mask placed after the example's clean context, one causal forward each."""
-    zc = ZaryaConfig(slotted_training=False, sequential_convention="mdm", noise_sorting=sorting)
+@pytest.mark.parametrize("sorting,convention", [(False, "mdm"), (True, "mdm"), (False, "both")])
+def test_loss_equals_one_forward_per_masked_token(tiny_config, tiny_params, sorting, convention):
+    """L_seq = mean CE of x0[i] at a mask placed after the example's clean context, one causal forward each;
+    with "both", together with the AR convention's targets (row i → masked x0[i + 1], a plain causal forward)."""
+    zc = ZaryaConfig(slotted_training=False, sequential_convention=convention, noise_sorting=sorting)
     batch = jax.tree.map(jnp.asarray, random_batch(3, rows=2, length=24))
     key = jax.random.PRNGKey(5)
     _, metrics = jax.jit(lambda p: zarya_loss(p, tiny_config, zc, batch, key, 0))(tiny_params)
@@ -91,11 +92,23 @@ def test_loss_equals_one_forward_per_masked_token(tiny_config, tiny_params, sort
         toks[n, :len(t)], poss[n, :len(p)] = t, p
     logits = np.asarray(model_lib.forward(tiny_params, tiny_config, toks, poss)).astype(np.float64)
     last = logits[np.arange(len(seqs)), [len(t) - 1 for t, _ in seqs]]
-    lse = np.log(np.exp(last - last.max(1, keepdims=True)).sum(1)) + last.max(1)
-    ce = lse - last[np.arange(len(seqs)), targets]
-    assert float(metrics["num_seq_targets"]) == len(seqs)
-    assert float(metrics["loss_seq"]) == pytest.approx(ce.mean(), rel=1e-4)
+    ce = list(_cross_entropy(last, targets))
+    if convention == "both":  # the AR pass: each example alone, causal, in logical order (no noise sorting)
+        for r in range(0, inputs["tokens"].shape[0], 2):
+            tok, pos, seg = inputs["tokens"][r], inputs["positions"][r], inputs["segment_ids"][r]
+            for s in sorted(set(seg.tolist()) - {0}):
+                idx = np.flatnonzero(seg == s)
+                rows = np.asarray(model_lib.forward(tiny_params, tiny_config, tok[idx][None], pos[idx][None]))[0]
+                nxt = idx[1:][inputs["masked"][r][idx[1:]]]  # the masked tokens with a row before them
+                ce += list(_cross_entropy(rows[np.searchsorted(idx, nxt) - 1].astype(np.float64), tok[nxt]))
+    assert float(metrics["num_seq_targets"]) == len(ce)
+    assert float(metrics["loss_seq"]) == pytest.approx(np.mean(ce), rel=1e-4)
     assert np.isfinite(float(metrics["loss"])) and float(metrics["num_dif_targets"]) == len(seqs)
+
+
+def _cross_entropy(logits, targets):
+    lse = np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1)) + logits.max(1)
+    return lse - logits[np.arange(len(targets)), targets]
 
 
 def test_bad_convention():

@@ -139,7 +139,7 @@ class ModelConfig:
         return v * d + self.num_layers * layer + d + head
 
 
-SEQUENTIAL_CONVENTIONS = ("ar", "mdm")
+SEQUENTIAL_CONVENTIONS = ("ar", "mdm", "both")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +166,8 @@ class ZaryaConfig:
     elbo_weight: bool = False  # Eso-LM's α0(1−eps)/(1−α_t) instead of 1/p_mask (docs/algorithms.md §3.3)
     # Non-slotted sequential pass (docs/algorithms.md §3.3): "ar" — the clean x0, row i targets a masked x0[i + 1];
     # "mdm" — Eso-LM's reconstruction loss: masked copies that see the clean tokens before them (in
-    # Eso-LM's sampling order) and predict themselves, the query mode A's sequential phase asks.
+    # Eso-LM's sampling order) and predict themselves, the query mode A's sequential phase asks;
+    # "both" — the AR pass and the reconstruction copies together (AR decoding and mode A's query both trained).
     sequential_convention: str = "ar"
 
     def __post_init__(self):

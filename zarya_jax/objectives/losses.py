@@ -9,8 +9,9 @@
 `zarya_loss` runs the transform (slotted or not, per `ZaryaConfig.slotted_training`), the model and
 the loss; `loss_from_logits` is the loss alone, given the transform's outputs and the logits. With
 `sequential_convention="mdm"` (non-slotted) the sequential rows are replaced by Eso-LM's reconstruction
-rows (`objectives.reconstruction`), run in a second forward of their own shape; both parts are
-flattened into one set of per-token arrays before the loss.
+rows (`objectives.reconstruction`), run in a second forward of their own shape; with "both" the AR-convention
+sequential rows are kept as a third part. The parts are flattened into one set of per-token arrays before
+the loss, so `L_seq` is the mean over the AR and the reconstruction targets together.
 """
 from __future__ import annotations
 
@@ -224,6 +225,9 @@ def zarya_loss(params, model_config: ModelConfig, zarya_config: ZaryaConfig, bat
     rec = reconstruction_rows({k: v[0::2] for k, v in inputs.items()}, mask_id_of(model_config))
     parts = [(dif, logits_of(dif, segment_ids=dif["segment_ids"])),
              (rec, logits_of(rec, window_mask=rec["window_mask"]))]
+    if zarya_config.sequential_convention == "both":
+        seq = {k: v[0::2] for k, v in inputs.items() if k != "window_mask"}
+        parts.append((seq, logits_of(seq, segment_ids=seq["segment_ids"])))
     return loss_from_flat(parts, zarya_config)
 
 

@@ -28,6 +28,6 @@ def zarya_objective(model_config: ModelConfig, zarya_config: ZaryaConfig) -> Obj
             return curriculum.slot_size_at(zarya_config, step, total)
         return Objective(loss_fn, static_at, 1.0, "zarya-slotted", export)
     # The non-slotted objective runs a sequential and a diffusion pass (docs/algorithms.md §3.3); the reconstruction
-    # rows of the MDM convention are twice as long.
-    passes = 3.0 if zarya_config.sequential_convention == "mdm" else 2.0
+    # rows of the MDM convention are twice as long, and "both" keeps the AR pass beside them.
+    passes = {"ar": 2.0, "mdm": 3.0, "both": 4.0}[zarya_config.sequential_convention]
     return Objective(loss_fn, lambda step, total: 0, passes, "zarya-eso", export)
