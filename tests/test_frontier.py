@@ -37,7 +37,8 @@ def test_mdm_grid_new_knobs():
     assert frontier.describe("mdm", pts[5]) == "T=8 α0=0.5 confidence order AR-row sequential"
     default = frontier.mdm_points(FrontierConfig())
     assert any(k["steps"] and k["alpha0"] * 32 > k["steps"] for k in default)
-    assert {k.get("mdm_order") for k in default} >= {None, "confidence"}
+    assert {k.get("mdm_order") for k in default} >= {None, "logical", "confidence"}
+    assert any(0 < k["steps"] <= 32 // 8 and k.get("mdm_order") == "logical" for k in default)  # slot-sized chunks
     assert {k.get("mdm_sequential") for k in default} >= {None, "ar"}
     with pytest.raises(ValueError, match="sorted"):
         FrontierConfig(mdm_orders=("sorted",))

@@ -36,7 +36,9 @@ class FrontierConfig:
     mdm_steps × mdm_alpha0 × mdm_orders × mdm_sequential: mode A's grid (T = 0 ignores α0 and the
       sequential convention, α0 = 1 the convention). Mode A beats AR's tokens per forward only when
       α0·M > T (≈ M / (1 + min(N_d, T) + (1 − α0)·M)), so the default grid has no α0 = 0.25 point (≈ 0.85
-      by construction at T = 16) and no T = 16 point. draft_lengths: F of spec-self / spec-lora / spec-model.
+      by construction at T = 16) and no T = 16 point. T = 4 with the logical order decodes chunks of M / 4
+      left to right — a slot-sized query on a slotted checkpoint (its curriculum ends at slot size 8 for
+      M = 32). draft_lengths: F of spec-self / spec-lora / spec-model.
     fused_draft_lengths: K of spec-self-fused / spec-lora-fused (one forward per cycle). A fused window
       has (K+1)(K+2) or (K+1)² rows, which a CPU pays for in proportion (an accelerator at small batch
       barely does), so the grid has no K = 2 point, which never wins on tokens per forward.
@@ -51,9 +53,9 @@ class FrontierConfig:
     slotted_slot_threshold: tuple[float, ...] = (0.9,)
     slotted_token_threshold: tuple[float, ...] = (0.3, 0.5, 0.7, 0.9)
     slotted_corrections: tuple[str, ...] = ("refusion", "infill", "both")
-    mdm_steps: tuple[int, ...] = (0, 8)
+    mdm_steps: tuple[int, ...] = (0, 4, 8)
     mdm_alpha0: tuple[float, ...] = (0.5, 1.0)
-    mdm_orders: tuple[str, ...] = ("random", "confidence")
+    mdm_orders: tuple[str, ...] = ("random", "logical", "confidence")
     mdm_sequential: tuple[str, ...] = ("mask", "ar")
     draft_lengths: tuple[int, ...] = (2, 4, 8, 16)
     fused_draft_lengths: tuple[int, ...] = (4, 8, 16)
