@@ -1,6 +1,6 @@
 """The main job: train a tiny Zarya on the embedded arithmetic task, then compare every decoding mode.
 
-    python -m experiments.quickstart                       # 2500 steps: about 10 minutes on 2 CPU cores
+    python -m experiments.quickstart                       # 2500 steps: about 20 minutes on 2 CPU cores
     python -m experiments.quickstart --objective ar        # Uno's setting: a plain AR model + its LoRA drafter
     python -m experiments.quickstart --steps 6000          # a longer run
     python -m experiments.quickstart --minutes 20          # pick the step count for a time budget

@@ -60,7 +60,8 @@ def test_shipped_sweep_parses(tmp_path, capsys):
     assert sweep.main([path, "--dry-run"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines] == ["zarya-curriculum", "ar-only", "slotted-fixed8", "nonslotted",
-                                                     "nonslotted-reconstruction", "nonslotted-reconstruction-sorted"]
+                                                     "nonslotted-reconstruction", "nonslotted-reconstruction-sorted",
+                                                     "nonslotted-both"]
     for line in lines:
         assert "'eval.modes': ('ar', 'mdm', 'slotted', 'spec-self')" in line
     assert "'train.objective': 'ar'" in lines[1]
