@@ -102,7 +102,8 @@ def test_gradients_reach_every_param(tiny_config, tiny_params):
     grad = jax.jit(jax.value_and_grad(functools.partial(zarya_loss, apply_fn=apply_fn), has_aux=True),
                    static_argnums=(1, 2, 5))
     for zc, S, rows in ((ZaryaConfig(ordered_sampling=True, sequential_shuffle=True), 2, 2),
-                        (ZaryaConfig(slotted_training=False, grouped_noise=True, noise_sorting=True), 2, 4)):
+                        (ZaryaConfig(slotted_training=False, sequential_convention="ar", grouped_noise=True,
+                                     noise_sorting=True), 2, 4)):
         (loss, metrics), g = grad(tiny_params, tiny_config, zc, batch, jax.random.PRNGKey(1), S)
         assert np.isfinite(float(loss)) and float(loss) > 0
         assert float(metrics["num_seq_targets"]) > 0 and float(metrics["num_dif_targets"]) > 0

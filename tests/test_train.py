@@ -71,6 +71,19 @@ train(rc.build({"model": "tiny"}, overrides), sys.argv[1], hooks=[OnStep(stall)]
 """
 
 
+def test_a_knob_the_objective_never_reads_keeps_the_run(tmp_path, data_file):
+    """The sequential convention is read by the non-slotted objective only: a slotted workdir resumes
+    whatever it says (a changed default must not orphan existing runs), a non-slotted one refuses."""
+    from zarya_jax.train import identity
+    for slotted in (True, False):
+        base = {**COMMON, "data.train": data_file, "zarya.slotted_training": slotted}
+        workdir = str(tmp_path / str(slotted))
+        identity.record(rc.build({"model": "tiny"}, {**base, "zarya.sequential_convention": "both"}), workdir)
+        changes = identity.differences(rc.build({"model": "tiny"}, {**base, "zarya.sequential_convention": "ar"}),
+                                       workdir)
+        assert changes == ([] if slotted else ["zarya.sequential_convention: 'both' -> 'ar'"])
+
+
 def _params(summary):
     return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(summary["state"]["params"]))]
 

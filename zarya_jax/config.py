@@ -164,11 +164,11 @@ class ZaryaConfig:
     slot_step_borders: tuple[float, ...] = (0.06, 0.2, 0.4, 0.6, 0.8, 1.0)
     antithetic_sampling: bool = False
     elbo_weight: bool = False  # Eso-LM's α0(1−eps)/(1−α_t) instead of 1/p_mask (docs/algorithms.md §3.3)
-    # Non-slotted sequential pass (docs/algorithms.md §3.3): "ar" — the clean x0, row i targets a masked x0[i + 1];
-    # "mdm" — Eso-LM's reconstruction loss: masked copies that see the clean tokens before them (in
-    # Eso-LM's sampling order) and predict themselves, the query mode A's sequential phase asks;
-    # "both" — the AR pass and the reconstruction copies together (AR decoding and mode A's query both trained).
-    sequential_convention: str = "ar"
+    # Non-slotted sequential pass (docs/algorithms.md §3.3, §3.7): "ar" — the clean x0, row i targets a masked
+    # x0[i + 1]; "mdm" — Eso-LM's reconstruction loss: masked copies that see the clean tokens before them
+    # (in Eso-LM's sampling order) and predict themselves, the query mode A's sequential phase asks;
+    # "both" (the default: it alone trains AR decoding and mode A's query) — the two together.
+    sequential_convention: str = "both"
 
     def __post_init__(self):
         object.__setattr__(self, "slot_size_set", tuple(int(s) for s in self.slot_size_set))

@@ -67,7 +67,9 @@ def _same_path(a: Any, b: Any) -> bool:
 def differences(run: rc.RunConfig, workdir: str, extra: dict | None = None) -> list[str]:
     """How `run` differs from the run recorded in `workdir` ('key: old -> new' items)."""
     old = rc.from_dict(_read(os.path.join(workdir, CONFIG_FILE), "run config"))
-    changes = rc.diff(old, run, ignore=rc.RESUMABLE_CHANGES | set(PATH_KEYS))
+    # A knob the objective of both runs never reads does not make them different runs.
+    inert = {"zarya.sequential_convention"} if old.zarya.slotted_training and run.zarya.slotted_training else set()
+    changes = rc.diff(old, run, ignore=rc.RESUMABLE_CHANGES | set(PATH_KEYS) | inert)
     file = os.path.join(workdir, FINGERPRINT_FILE)
     if os.path.exists(file):
         saved, now = _read(file, "fingerprint"), fingerprint(run, extra)
