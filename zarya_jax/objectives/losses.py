@@ -222,11 +222,11 @@ def zarya_loss(params, model_config: ModelConfig, zarya_config: ZaryaConfig, bat
                                 slot_size)
     # Rows 2b are the sequential pass (x0), 2b + 1 the diffusion pass (see `noise_transform`).
     dif = {k: v[1::2] for k, v in inputs.items() if k != "window_mask"}
-    rec = reconstruction_rows({k: v[0::2] for k, v in inputs.items()}, mask_id_of(model_config))
+    seq = {k: v[0::2] for k, v in inputs.items() if k != "window_mask"}
+    rec = reconstruction_rows(seq, mask_id_of(model_config))
     parts = [(dif, logits_of(dif, segment_ids=dif["segment_ids"])),
              (rec, logits_of(rec, window_mask=rec["window_mask"]))]
     if zarya_config.sequential_convention == "both":
-        seq = {k: v[0::2] for k, v in inputs.items() if k != "window_mask"}
         parts.append((seq, logits_of(seq, segment_ids=seq["segment_ids"])))
     return loss_from_flat(parts, zarya_config)
 
