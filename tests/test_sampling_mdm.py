@@ -180,3 +180,24 @@ def test_mode_a_option_errors():
     for field, value in (("mdm_order", "sorted"), ("mdm_sequential", "clean")):
         with pytest.raises(ValueError, match=f"{field}='{value}'"):
             GenerationConfig(mode="mdm", **{field: value}).validate()
+
+
+def test_alpha0_is_traced_and_matches_its_schedule(tiny_config, tiny_params):
+    """α0 is a runtime knob: two values at one T run one program, and each decodes the schedule `plan`
+    draws for it from the same key (N_d per row), the α0 = 1 rows without a sequential phase."""
+    from zarya_jax.sampling.generate import TRACE_COUNTS, static_key
+
+    gc = GenerationConfig(mode="mdm", max_new_tokens=M, steps=T, alpha0=0.3, temperature=1.0, stop_at_eos=False,
+                          prompt_bucket=8)
+    assert static_key(gc) == static_key(gc.replace(alpha0=1.0))
+    key = jax.random.PRNGKey(5)
+    outs = {}
+    for a in (0.3, 1.0):
+        before = TRACE_COUNTS["mdm"]
+        outs[a] = generate(tiny_params, tiny_config, PROMPTS, gc.replace(alpha0=a), key)
+        traced = TRACE_COUNTS["mdm"] - before
+        assert traced == (1 if a == 0.3 else 0)
+        _, _, _, n_d = mdm.plan(jax.random.split(key)[0], gc.replace(alpha0=a), len(PROMPTS))
+        assert outs[a].stats["num_diffusion"].tolist() == np.asarray(n_d).tolist()
+        assert outs[a].num_forward_passes.tolist() == [1 + min(T, n) + (M - n) for n in np.asarray(n_d)]
+    assert outs[1.0].stats["num_diffusion"].tolist() == [M, M]

@@ -24,7 +24,7 @@ from .prompts import as_prompt_list, pad_prompts
 
 TRACE_COUNTS: collections.Counter = collections.Counter()
 # the fields passed traced (`slotted.Knobs`, `spec.Knobs`), reset in the static key
-DYNAMIC_FIELDS = slotted.KNOBS + spec.KNOBS
+DYNAMIC_FIELDS = slotted.KNOBS + spec.KNOBS + mdm.KNOBS
 DECODERS: dict[str, Decoder] = {"ar": ar.DECODER, "ar_uncached": ar.UNCACHED, "mdm": mdm.DECODER,
                                 "slotted": slotted.DECODER, "spec": spec.DECODER, "spec_fused": fused.DECODER,
                                 "spec_model": spec_model.DECODER}

@@ -25,9 +25,12 @@ then ends at the EOS.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
 from ..nn import kv_cache, masks
 from ..nn import model as model_lib
@@ -36,6 +39,21 @@ from .config import GenerationConfig
 from .decoder import Decoder
 
 Array = jax.Array
+
+
+@struct.dataclass
+class Knobs:
+    """Mode A's knob passed as a traced scalar: α0, the diffusion share of the budget. It changes the
+    schedule's values, not its shapes, so every α0 at one (T, order, convention) runs one program."""
+
+    alpha0: Array
+
+    @classmethod
+    def of(cls, gcfg: GenerationConfig) -> "Knobs":
+        return cls(alpha0=jnp.asarray(gcfg.alpha0, jnp.float32))
+
+
+KNOBS = tuple(f.name for f in dataclasses.fields(Knobs))  # the GenerationConfig fields that are traced
 
 
 def window_rows(gcfg: GenerationConfig) -> int:
@@ -54,14 +72,17 @@ def max_steps(gcfg: GenerationConfig) -> int:
     return t + m if t > 0 else -(-m // 4)
 
 
-def plan(key: Array, gcfg: GenerationConfig, batch: int) -> tuple[Array, Array, Array]:
+def plan(key: Array, gcfg: GenerationConfig, batch: int, alpha0: Array | float | None = None
+         ) -> tuple[Array, Array, Array]:
     """Per-row schedule: (order int32 [B, M] logical offsets in physical order, sizes int32 [B, S]
-    tokens per step (non-empty steps first), num_steps [B], num_diffusion [B]). S = max_steps."""
+    tokens per step (non-empty steps first), num_steps [B], num_diffusion [B]). S = max_steps.
+    `alpha0` (traced, `Knobs`) defaults to `gcfg.alpha0`."""
     m, t = gcfg.max_new_tokens, gcfg.steps
+    alpha0 = gcfg.alpha0 if alpha0 is None else alpha0
     k_budget, k_order = jax.random.split(key)
     if t > 0:
         # Binomial(M, alpha0) as a sum of M Bernoulli draws (exact).
-        n_d = (jax.random.uniform(k_budget, (batch, m)) < gcfg.alpha0).sum(1).astype(jnp.int32)
+        n_d = (jax.random.uniform(k_budget, (batch, m)) < alpha0).sum(1).astype(jnp.int32)
         i = jnp.arange(t, dtype=jnp.int32)[None, :]
         diff = ((i + 1) * n_d[:, None]) // t - (i * n_d[:, None]) // t
         seq = (jnp.arange(m)[None, :] < (m - n_d)[:, None]).astype(jnp.int32)
@@ -101,7 +122,7 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
     confidence = gcfg.mdm_order == "confidence"
     ar_rows = gcfg.mdm_sequential == "ar"
     k_plan, k_sample = jax.random.split(key)
-    planned, sizes, n_steps, n_diff = plan(k_plan, gcfg, b)
+    planned, sizes, n_steps, n_diff = plan(k_plan, gcfg, b, (dyn or Knobs.of(gcfg)).alpha0)
     # Non-empty diffusion steps come first (k_s ≤ ⌈M/T⌉ evenly spread); T = 0 has no sequential phase.
     n_dif_steps = jnp.minimum(n_diff, gcfg.steps) if gcfg.steps > 0 else n_steps
     starts = jnp.cumsum(sizes, axis=1) - sizes
@@ -247,4 +268,4 @@ def stats(raw: dict, gcfg: GenerationConfig, tokens: np.ndarray, lengths: np.nda
                 physical_tokens=ptoks, physical_positions=ppos)
 
 
-DECODER = Decoder(run, stats)
+DECODER = Decoder(run, stats, knobs=Knobs.of)
