@@ -46,6 +46,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--demo", action="store_true", help="the whole experiment: SFT, drafter, GRPO per arm, report")
     p.add_argument("--smoke", action="store_true", help="with --demo: a seconds-long version (tests)")
     p.add_argument("--arms", default=None, help="with --demo: the arms to run, comma-separated (default all)")
+    p.add_argument("--unmarked", type=float, default=None,
+                   help="with --demo: the fraction of the SFT answers whose final line reads `so N` instead of "
+                        "`#### N` (default 0.5; 0: the task as it is)")
     cli.add_run_flags(p)
     return p
 
@@ -61,14 +64,18 @@ def _run(args) -> int:
 
         if args.base or args.adapter or args.arm:
             raise ValueError("--demo trains its own base and drafter and runs every arm: drop --base, --adapter, --arm")
+        if args.unmarked is not None and not 0.0 <= args.unmarked <= 1.0:
+            raise ValueError(f"--unmarked={args.unmarked}: expected a fraction in [0, 1]")
         workdir = args.workdir or "runs/rl-demo"
         cli.check_workdir(workdir, {})
         arms = tuple(a for a in (args.arms or ",".join(rl_config.ARMS)).split(",") if a)
         with cli.training_lock(workdir, "experiments.rl"):
             report = demo.run(workdir, smoke=args.smoke, arms=arms, overrides=cli.run_overrides(args),
-                              force=args.force)
+                              force=args.force, unmarked=demo.UNMARKED if args.unmarked is None else args.unmarked)
         print(demo.report_markdown(report))
         return 0
+    if args.unmarked is not None:
+        raise ValueError("--unmarked shapes the demo's SFT data: it needs --demo")
     if not args.base or not args.workdir:
         raise ValueError("expected --base CKPT and --workdir DIR (or --demo)")
     flags = {"rl.arm": args.arm} if args.arm is not None else {}

@@ -168,6 +168,9 @@ CASES = [
     ("rl/greedy", rl, "--base {ckpt} --workdir {root}/w --set data.train={data} --set rl.temperature=0",
      "rl.temperature=0"),
     ("rl/demo-with-base", rl, "--demo --base {ckpt} --workdir {root}/w", "--demo"),
+    ("rl/demo-unmarked", rl, "--demo --smoke --workdir {root}/w --unmarked 1.5", "--unmarked=1.5"),
+    ("rl/unmarked-without-demo", rl, "--base {ckpt} --workdir {root}/w --set data.train={data} --unmarked 0.5",
+     "--unmarked"),
     # ---- python -m experiments.train_drafter
     ("drafter/base-missing", train_drafter, "--base {root}/nope --workdir {root}/w --set data.train={data}",
      "expected a checkpoint directory"),

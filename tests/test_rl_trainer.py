@@ -14,7 +14,7 @@ from test_rl_grpo import numpy_loss
 from zarya_jax import checkpoint
 from zarya_jax.config import LoraConfig
 from zarya_jax.data.tokenizer import ByteTokenizer
-from zarya_jax.eval import tasks
+from zarya_jax.eval import answers, tasks
 from zarya_jax.nn import lora as lora_lib
 from zarya_jax.nn import model as model_lib
 from zarya_jax.rl import config as rl_config
@@ -197,3 +197,38 @@ def test_config_refuses_off_policy_modes_and_tiny_groups():
         rl_config.build(["rl.num_generations=1"])
     with pytest.raises(ValueError, match="does not import"):
         rl_config.load_reward("no_such_module.reward")
+
+
+def test_unmark_restates_a_fraction_of_the_final_answers():
+    records = tasks.generate(400, seed=3)
+    out = demo.unmark(records, 0.5, seed=0)
+    assert out == demo.unmark(records, 0.5, seed=0) and [r["prompt"] for r in out] == [r["prompt"] for r in records]
+    unmarked = [o for o, r in zip(out, records) if o != r]
+    assert 150 < len(unmarked) < 250
+    for o, r in zip(out, records):
+        value = r["answer"].rsplit("#### ", 1)[1]
+        if o != r:  # the worked lines kept, the value stated without the marker the extraction reads
+            assert o["answer"] == r["answer"].rsplit("#### ", 1)[0] + f"so {value}"
+            assert answers.extract(o["answer"]) is None and answers.extract(r["answer"]) == value
+    assert demo.unmark(records, 0.0) == records
+    assert all("####" not in r["answer"] for r in demo.unmark(records, 1.0))
+    with pytest.raises(ValueError, match="1.5"):
+        demo.unmark(records, 1.5)
+
+
+def test_demo_smoke_trains_its_base_on_the_unmarked_split(tmp_path, capsys):
+    """`--demo --smoke` end to end for one arm: the SFT file is the training split unmarked, the RL prompts
+    and references are the marked split, the report records the fraction."""
+    workdir = str(tmp_path / "demo")
+    assert rl_cli.main(["--demo", "--smoke", "--arms", "ar", "--workdir", workdir, "--unmarked", "1.0"]) == 0
+    train = tasks.read_jsonl(os.path.join(workdir, "data", "train.jsonl"))
+    sft = tasks.read_jsonl(os.path.join(workdir, "data", "sft_train.jsonl"))
+    assert [r["prompt"] for r in sft] == [r["prompt"] for r in train]
+    assert all("####" in r["answer"] for r in train) and not any("####" in r["answer"] for r in sft)
+    with open(os.path.join(workdir, "train", "run_config.json")) as f:
+        assert "sft_train.jsonl" in json.dumps(json.load(f))
+    with open(os.path.join(workdir, "arms", "ar", "rl_run.json")) as f:
+        assert os.path.join("data", "train.jsonl") in json.dumps(json.load(f))
+    with open(os.path.join(workdir, "report.json")) as f:
+        assert json.load(f)["config"]["unmarked"] == 1.0
+    assert "| ar |" in capsys.readouterr().out

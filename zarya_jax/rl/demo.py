@@ -2,9 +2,12 @@
 speculative rollouts, from one imperfect base, with the same seeds.
 
 Stages, each resumable in its own folder of the workdir:
-1. data/: the quickstart's arithmetic task at difficulty 2 (`eval.tasks`);
-2. train/: a short SFT of the quickstart's tiny Zarya (its training sections, `DEMO_SFT` steps: imperfect
-   on purpose, so RL has room to raise the exact match);
+1. data/: the quickstart's arithmetic task (`eval.tasks`), and `sft_train.jsonl`, its training split with
+   the final line of a fraction `unmarked` of the answers restated from `#### N` to `so N` (`unmark`);
+2. train/: a short SFT of the quickstart's tiny Zarya on `sft_train.jsonl` (its training sections,
+   `DEMO_SFT` steps). The base is imperfect on purpose, in a way RL can see: it often computes the right
+   value but states it in the form the reward and the exact match do not read, so a group's completions
+   differ in reward for a reason the policy controls (docs/rl.md, the probe);
 3. drafter/: Uno's LoRA drafter on that checkpoint (the frozen and refreshed arms start from it);
 4. arms/<arm>/: `trainer.train_rl` per arm, every arm with the same config and seeds;
 5. report.json, report.md, report.png: per arm the held-out greedy exact match before and after, the
@@ -14,6 +17,7 @@ Stages, each resumable in its own folder of the workdir:
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -21,6 +25,7 @@ import numpy as np
 
 from .. import overrides as ov
 from ..config import PromptFormat
+from ..eval import tasks
 from ..experiment import config as exp_config
 from ..experiment import stages
 from ..files import atomic_write, atomic_write_json
@@ -30,16 +35,18 @@ from ..train.metrics import read_metrics
 from . import config as rl_config
 from .trainer import train_rl
 
-# A 1000-step SFT answers 21.9% of the held-out problems greedily (10.9% after 500 steps). The RL learning
-# rate is the one that did not lower the held-out exact match in 30 steps on that base (1e-4 lowered it by
-# 5–16 points over the bases tried, 3e-4 by 30: the updates follow the noise of the few groups holding a
-# correct sample), with 8 completions per prompt for more such groups (docs/rl.md, the probe).
-DEMO_SFT = {"task.difficulty": 2, "data.max_length": 112, "task.num_train": 20000, "task.num_test": 64, "task.num_val": 0,
+# On bases whose only errors are wrong values (difficulty 2, 22% greedy; difficulty 1, 36%) no learning
+# rate raised the held-out exact match in 30 steps: few samples are right, so few groups carry an advantage
+# (docs/rl.md, the probe). With half of the SFT answers unmarked, a 1000-step base computes the right value
+# for about 60% of the held-out problems but marks it for about 16%, and 1e-4 is the rate at which 20
+# GRPO steps raise its exact match to 45%.
+UNMARKED = 0.5
+DEMO_SFT = {"task.difficulty": 1, "task.num_train": 20000, "task.num_test": 64, "task.num_val": 0,
             "train.steps": 1000, "drafter.steps": 150, "frontier.enabled": False}
 DEMO_RL = {"rl.prompts_per_step": 8, "rl.num_generations": 8, "rl.max_new_tokens": 40, "rl.draft_length": 4,
-           "rl.beta": 0.02, "rl.refresh_every": 5, "rl.refresh_steps": 5, "optim.lr": 3e-5, "train.steps": 30,
+           "rl.beta": 0.02, "rl.refresh_every": 5, "rl.refresh_steps": 5, "optim.lr": 1e-4, "train.steps": 30,
            "train.eval_every": 5, "train.save_every": 10, "data.eval_size": 64}
-SMOKE_SFT = {**exp_config.SMOKE, "task.difficulty": 2, "data.max_length": 112, "task.num_val": 0, "frontier.enabled": False,
+SMOKE_SFT = {**exp_config.SMOKE, "task.num_val": 0, "frontier.enabled": False,
              "drafter.steps": 3, "drafter.batch_size": 4, "drafter.block_sizes": [2, 4]}
 TITLE = "GRPO: AR vs lossless speculative rollouts"
 SMOKE_RL = {"rl.prompts_per_step": 2, "rl.num_generations": 2, "rl.max_new_tokens": 8, "rl.draft_length": 4,
@@ -57,21 +64,42 @@ def configs(smoke: bool, overrides) -> tuple[exp_config.ExperimentConfig, rl_con
     return sft, rl_config.build({**(SMOKE_RL if smoke else DEMO_RL), **rl_items})
 
 
-def run(workdir: str, *, smoke: bool = False, arms=rl_config.ARMS, overrides=(), force: bool = False) -> dict:
+def unmark(records: list[dict], fraction: float, seed: int = 0) -> list[dict]:
+    """`records` with the final `#### N` line of each answer restated as `so N` with probability `fraction`
+    (a generator seeded with `seed`; prompts and worked lines unchanged). An unmarked answer states its
+    value in a form the `final` answer extraction does not read."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"unmarked fraction {fraction!r}: expected a value in [0, 1]")
+    rng = np.random.default_rng(seed)
+    out = []
+    for record, draw in zip(records, rng.random(len(records))):
+        head, marker, value = record["answer"].rpartition("#### ")
+        out.append({**record, "answer": f"{head}so {value}"} if marker and draw < fraction else record)
+    return out
+
+
+def run(workdir: str, *, smoke: bool = False, arms=rl_config.ARMS, overrides=(), force: bool = False,
+        unmarked: float = UNMARKED) -> dict:
     """Runs (or resumes) the experiment into `workdir` and returns the report (module doc)."""
     bad = [a for a in arms if a not in rl_config.ARMS]
     if bad or not arms:
         raise ValueError(f"--arms {','.join(arms)}: expected a non-empty subset of {rl_config.ARMS}")
+    if not 0.0 <= unmarked <= 1.0:
+        raise ValueError(f"--unmarked={unmarked}: expected a fraction in [0, 1]")
     sft, rl = configs(smoke, overrides)
     t0 = time.perf_counter()
     os.makedirs(workdir, exist_ok=True)
-    splits = stages.prepare_data(sft.task, workdir, fmt=PromptFormat.of(sft.data), need_val=False)
-    trained = stages.train(sft, splits, workdir, force=force)
+    fmt = PromptFormat.of(sft.data)
+    splits = stages.prepare_data(sft.task, workdir, fmt=fmt, need_val=False)
+    sft_train = os.path.join(workdir, "data", "sft_train.jsonl")
+    tasks.write_jsonl(sft_train, unmark(tasks.read_jsonl(splits.train, fmt), unmarked, sft.task.seed))
+    sft_splits = dataclasses.replace(splits, train=sft_train)
+    trained = stages.train(sft, sft_splits, workdir, force=force)
     base = load_for_inference(trained.ckpt, verify=sft.train.verify_checkpoints)
     t_sft = time.perf_counter()
     adapter = None
-    if any(a in rl_config.LORA_ARMS for a in arms):
-        stages.train_drafter(sft, base, splits.train, workdir, force=force)
+    if any(a in rl_config.LORA_ARMS for a in arms):  # the drafter learns the base's own outputs: the SFT data
+        stages.train_drafter(sft, base, sft_train, workdir, force=force)
         adapter = os.path.join(workdir, "drafter", "adapter")
     t_drafter = time.perf_counter()
     rows = []
@@ -84,7 +112,8 @@ def run(workdir: str, *, smoke: bool = False, arms=rl_config.ARMS, overrides=(),
             raise stages.TrainingInterrupted(f"RL arm {arm} stopped by signal {summary.get('signal')}; rerun to "
                                              "resume", summary.get("signal"))
         rows.append(arm_result(arm, out, summary))
-    report = {"provenance": provenance(), "arms": rows, "config": {"sft": ov.to_dict(sft), "rl": ov.to_dict(rl)},
+    report = {"provenance": provenance(), "arms": rows,
+              "config": {"sft": ov.to_dict(sft), "rl": ov.to_dict(rl), "unmarked": unmarked},
               "base_checkpoint": trained.ckpt, "smoke": smoke,
               "timings": {"sft_s": t_sft - t0, "drafter_s": t_drafter - t_sft,
                           "rl_s": time.perf_counter() - t_drafter, "wall_s": time.perf_counter() - t0}}

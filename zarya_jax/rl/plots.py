@@ -21,7 +21,8 @@ def rl_plot(rows: list[dict], path: str, title: str = "") -> None:
     for ax in axes[:2]:
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # the AR arm alone draws no acceptance curve
+            ax.legend(fontsize=8)
     arms = [r["arm"] for r in rows]
     colors = [ARM_COLORS.get(a) for a in arms]
     for ax, key, label in ((axes[2], "tokens_per_forward", "rollout tokens per forward"),
