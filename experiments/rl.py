@@ -48,7 +48,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--arms", default=None, help="with --demo: the arms to run, comma-separated (default all)")
     p.add_argument("--unmarked", type=float, default=None,
                    help="with --demo: the fraction of the SFT answers whose final line reads `so N` instead of "
-                        "`#### N` (default 0.5; 0: the task as it is)")
+                        "`#### N` (default 0.8; 0: the task as it is)")
     cli.add_run_flags(p)
     return p
 

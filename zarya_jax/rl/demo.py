@@ -37,10 +37,12 @@ from .trainer import train_rl
 
 # On bases whose only errors are wrong values (difficulty 2, 22% greedy; difficulty 1, 36%) no learning
 # rate raised the held-out exact match in 30 steps: few samples are right, so few groups carry an advantage
-# (docs/rl.md, the probe). With half of the SFT answers unmarked, a 1000-step base computes the right value
-# for about 60% of the held-out problems but marks it for about 16%, and 1e-4 is the rate at which 20
-# GRPO steps raise its exact match to 45%.
-UNMARKED = 0.5
+# (docs/rl.md, the probe). With SFT answers unmarked, a 1000-step base computes the right value for about
+# 60% of the held-out problems but marks it for fewer, and at 1e-4 GRPO teaches it the marker. At half
+# unmarked the base's greedy choice of the form is close to a coin flip (16% exact match in one SFT, 55% in
+# another), so the demo unmarks 80%: the base then mostly answers `so N`, while its samples still state
+# `#### N` often enough for most groups to hold both forms.
+UNMARKED = 0.8
 DEMO_SFT = {"task.difficulty": 1, "task.num_train": 20000, "task.num_test": 64, "task.num_val": 0,
             "train.steps": 1000, "drafter.steps": 150, "frontier.enabled": False}
 DEMO_RL = {"rl.prompts_per_step": 8, "rl.num_generations": 8, "rl.max_new_tokens": 40, "rl.draft_length": 4,
