@@ -19,8 +19,8 @@ Modes mdm and slotted are refused: their tokens are not samples of the AR policy
 
 Outputs in W: metrics.jsonl (+ tb/), checkpoints/ (exact resume: rerun the same command), final/ (the
 policy), adapter/ (refreshed arm), summary.json. `--demo` runs the whole experiment (docs/rl.md): data
-at difficulty 2, a short SFT of a tiny Zarya, its LoRA drafter, then GRPO per arm with the same seeds
-and a report (report.md, report.json, report.png) in W.
+at difficulty 1, a short SFT of a tiny Zarya on answers mostly unmarked (`so N`, see --unmarked), its
+LoRA drafter, then GRPO per arm with the same seeds and a report (report.md, report.json, report.png) in W.
 Exit status: 0 done, 2 bad input (one `error:` line, nothing written), 3 diverged, 128 + signal when
 interrupted (rerun to resume).
 """
