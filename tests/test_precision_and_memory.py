@@ -108,7 +108,7 @@ def test_every_mode_allocates_its_cache_in_kv_cache_dtype(params):
             gc = GenerationConfig(mode=mode, max_new_tokens=8, slot_size=4, draft_length=4, drafter="self",
                                   kv_cache_dtype=dtype)
             cache_len = passes.cache_rows(gc, p)
-            knobs = spec.Knobs.of(gc) if mode == "spec" else slotted.Knobs.of(gc)  # each decoder's traced knobs
+            knobs = {"spec": spec.Knobs, "mdm": mdm.Knobs}.get(mode, slotted.Knobs).of(gc)  # each decoder's traced knobs
             jaxpr = jax.make_jaxpr(functools.partial(decoder, config=CFG, gcfg=gc, dyn=knobs))(
                 params, jnp.zeros((b, p), jnp.int32), jnp.full((b,), p, jnp.int32), jax.random.PRNGKey(0))
             shapes = {(v.aval.shape, v.aval.dtype) for eqn in jaxpr.eqns for v in eqn.outvars}

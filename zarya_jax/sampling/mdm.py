@@ -122,6 +122,9 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
     confidence = gcfg.mdm_order == "confidence"
     ar_rows = gcfg.mdm_sequential == "ar"
     k_plan, k_sample = jax.random.split(key)
+    if dyn is not None and not isinstance(dyn, Knobs):
+        raise ValueError(f"mdm.run: dyn must be an mdm.Knobs (build it with Knobs.of(generation_config)), "
+                         f"got {type(dyn).__name__}")
     planned, sizes, n_steps, n_diff = plan(k_plan, gcfg, b, (dyn or Knobs.of(gcfg)).alpha0)
     # Non-empty diffusion steps come first (k_s ≤ ⌈M/T⌉ evenly spread); T = 0 has no sequential phase.
     n_dif_steps = jnp.minimum(n_diff, gcfg.steps) if gcfg.steps > 0 else n_steps
