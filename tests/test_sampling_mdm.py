@@ -142,11 +142,13 @@ def test_ar_sequential_at_alpha0_zero_equals_ar(tiny_config, tiny_params):
     np.testing.assert_array_equal(out.tokens, ref.tokens)
 
 
-def test_ar_sequential_rows_equal_recompute(tiny_config, tiny_params):
+@pytest.mark.parametrize("order", ["confidence", "random"])
+def test_ar_sequential_rows_equal_recompute(tiny_config, tiny_params, order):
     """With diffusion tokens too, each AR-convention query equals a full forward over the decoded context
-    in physical order followed by the token before the target (its committed copy not repeated)."""
+    in physical order followed by the token before the target (its committed copy not repeated), in the
+    program of its own (confidence) and in the one the planned orders share with the mask convention."""
     gc = GenerationConfig(mode="mdm", max_new_tokens=M, steps=T, alpha0=0.5, temperature=1.0, stop_at_eos=False,
-                          prompt_bucket=8, mdm_sequential="ar", mdm_order="confidence")
+                          prompt_bucket=8, mdm_sequential="ar", mdm_order=order)
     out = generate(tiny_params, tiny_config, PROMPTS, gc, jax.random.PRNGKey(4), debug=True)
     tr, st = out.stats["trace"], out.stats
     kw = mdm.window_rows(gc)
@@ -201,3 +203,30 @@ def test_alpha0_is_traced_and_matches_its_schedule(tiny_config, tiny_params):
         assert outs[a].stats["num_diffusion"].tolist() == np.asarray(n_d).tolist()
         assert outs[a].num_forward_passes.tolist() == [1 + min(T, n) + (M - n) for n in np.asarray(n_d)]
     assert outs[1.0].stats["num_diffusion"].tolist() == [M, M]
+
+
+def test_orders_and_conventions_share_a_program(tiny_config, tiny_params):
+    """The random and the logical order and both sequential conventions are traced knobs: the four run one
+    program at one T (confidence, which scores every mask, another), each decoding its own schedule: the
+    logical order's diffusion tokens left to right, the AR-row convention's sequential rows at the offset
+    before their target (a different output than the mask convention's on this random model)."""
+    from zarya_jax.sampling.generate import TRACE_COUNTS, static_key
+
+    gc = GenerationConfig(mode="mdm", max_new_tokens=M, steps=T, alpha0=0.5, temperature=0.0, stop_at_eos=False,
+                          prompt_bucket=16)
+    combos = [(o, s) for o in ("random", "logical") for s in ("mask", "ar")]
+    keys = {static_key(gc.replace(mdm_order=o, mdm_sequential=s)) for o, s in combos}
+    assert len(keys) == 1 and static_key(gc.replace(mdm_order="confidence")) not in keys
+    before = TRACE_COUNTS["mdm"]
+    outs = {c: generate(tiny_params, tiny_config, PROMPTS, gc.replace(mdm_order=c[0], mdm_sequential=c[1]),
+                        jax.random.PRNGKey(4), debug=True) for c in combos}
+    assert TRACE_COUNTS["mdm"] - before == 1
+    for (order, seq), out in outs.items():
+        if seq == "mask":  # the AR-row queries: test_ar_sequential_rows_equal_recompute
+            check_every_pass(out, tiny_config, tiny_params)
+        for b in range(len(PROMPTS)):
+            n_d = int(out.stats["num_diffusion"][b])
+            dif = out.stats["order"][b, :n_d].tolist()
+            if order == "logical":
+                assert dif == sorted(dif)
+    assert any((outs[(o, "mask")].tokens != outs[(o, "ar")].tokens).any() for o in ("random", "logical"))

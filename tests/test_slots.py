@@ -370,3 +370,41 @@ def test_curriculum_absolute_borders():
         curriculum.slot_size_at(zc, 1, 0)
     with pytest.raises(ConfigError, match="step=-1"):
         curriculum.slot_size_at(zc, -1, 10)
+
+
+def test_objective_runs_the_curriculum_in_one_program(tiny_config, tiny_params):
+    """The slotted objective reads the slot size as a traced value of the step: one compiled loss over the
+    whole curriculum, equal bit for bit (loss and gradient) to the loss at that stage's static size."""
+    from zarya_jax.objectives.base import StepInfo
+    from zarya_jax.objectives.losses import zarya_loss
+    from zarya_jax.objectives.zarya import zarya_objective
+
+    zc = ZaryaConfig(slot_size_set=(2, 4, 8), slot_step_borders=(0.1, 0.4, 1.0))
+    objective = zarya_objective(tiny_config, zc)
+    total = 20
+    assert len({objective.static_at(s, total) for s in range(total)}) == 1
+    rng = np.random.default_rng(0)
+    b, length = 4, 24
+    batch = {"tokens": jnp.asarray(rng.integers(0, 256, (b, length)), jnp.int32),
+             "segment_ids": jnp.ones((b, length), jnp.int32),
+             "positions": jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length)),
+             "answer_mask": jnp.broadcast_to(jnp.arange(length) >= 6, (b, length))}
+    traces = []
+
+    @jax.jit
+    def traced(params, step, key):
+        traces.append(1)
+        info = StepInfo(step=step, static=objective.static_at(0, total), total_steps=total)
+        return jax.value_and_grad(lambda p: objective.loss_fn(p, None, batch, key, info)[0])(params)
+
+    @functools.partial(jax.jit, static_argnums=2)
+    def static(params, key, size):
+        return jax.value_and_grad(lambda p: zarya_loss(p, tiny_config, zc, batch, key, size)[0])(params)
+
+    for step in (2, 3, 8, 9):  # both sides of each border (steps 2 and 8 end the first two stages)
+        key = jax.random.PRNGKey(step)
+        want = static(tiny_params, key, curriculum.slot_size_at(zc, step, total))
+        got = traced(tiny_params, jnp.int32(step), key)
+        for x, y in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert len(traces) == 1

@@ -335,7 +335,11 @@ def evaluate(model: Inference, records: list[dict], ev: EvalConfig, *, knobs: di
         if res["acceptance"] is not None:  # drafted tokens kept per cycle (c0 included), and by draft position
             row.update(res["acceptance"])
         if ev.batch1_examples:
-            one = evaluate_mode(model.params, model.config, model.tokenizer, prompts[:ev.batch1_examples], gen, key,
+            # Every prompt padded to the widest one's bucket, as a batch would be: one compiled program for
+            # the batch-1 pass instead of one per prompt bucket the examples fall into.
+            timed = prompts[:ev.batch1_examples]
+            one_gen = gen.replace(prompt_bucket=bucket_length(max(len(p) for p in timed), gen.prompt_bucket))
+            one = evaluate_mode(model.params, model.config, model.tokenizer, timed, one_gen, key,
                                 1, adapter, model.lora, draft=draft)
             row.update(tokens_per_s_batch1=one["tokens_per_s"], batch1_examples=len(one["lengths"]))
         summary.append(row)

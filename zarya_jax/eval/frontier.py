@@ -4,8 +4,8 @@ every decoding mode over a grid of its knobs, and the knobs of each mode chosen 
 Training and decoding are decoupled (docs/algorithms.md §4), so one checkpoint yields a whole frontier without any
 retraining: mode B over τs × τt × S × NB × the AR corrections (`sampling.slotted`), mode A over T × α0 × order × sequential convention,
 speculative decoding over F, AR as the reference point. Mode B's thresholds and corrections are
-runtime values, so each (S, NB) compiles once, and mode A's α0 is one too, so each (T, order, convention)
-does (`sampling.generate`).
+runtime values, so each (S, NB) compiles once, and so are mode A's α0, planned order and sequential
+convention, so each T compiles once, twice with the confidence order (`sampling.generate`).
 
 Choosing (`choose`): per mode, among the validation points that lose at most a fraction `tolerance` of the
 examples to AR — answer wrongly an example AR answers correctly (with 0: none) — the one with the most

@@ -155,10 +155,23 @@ def drafter_loss(lora_params, params, config: ModelConfig, lora: LoraConfig, bat
 
 
 def pair_logits(lora_params, params, config: ModelConfig, lora: LoraConfig, batch: dict) -> Array:
-    """The drafter's forward over a paired batch (`make_pair_batch` layout): logits fp32 [b, 2L, V]."""
-    logits, _ = model_lib.apply(params, config, batch["tokens"], batch["positions"], window_mask=batch["mask"],
-                                gate=batch["gate"], lora_params=lora_params, lora=lora)
-    return logits
+    """The drafter's forward over a paired batch (`make_pair_batch` layout): logits fp32 [b, 2L, V].
+
+    The same logits as one forward over the 2L rows under `batch["mask"]`, computed in two: the clean
+    half is the frozen AR model (gate off, and it never attends to the noisy half), so no trainable
+    parameter reaches it; it runs once, outside the gradient, and the noisy half reads its K/V as a
+    cache (the inference draft pass reads the verified prefix the same way). The backward pass then
+    covers the L noisy rows instead of 2L.
+    """
+    length = batch["tokens"].shape[1] // 2
+    tokens, positions, mask = batch["tokens"], batch["positions"], batch["mask"]
+    clean, (k, v) = jax.lax.stop_gradient(model_lib.apply(
+        params, config, tokens[:, length:], positions[:, length:], window_mask=mask[:, length:, length:]))
+    noisy, _ = model_lib.apply(params, config, tokens[:, :length], positions[:, :length],
+                               window_mask=mask[:, :length, :length], cache={"k": k, "v": v},
+                               cache_mask=mask[:, :length, length:], gate=batch["gate"][:, :length],
+                               lora_params=lora_params, lora=lora)
+    return jnp.concatenate([noisy, clean], axis=1)
 
 
 def drafter_terms(logits: Array, batch: dict, cfg: DrafterConfig, exclude_id: int | None) -> tuple[Array, dict]:
@@ -207,10 +220,9 @@ def agreement_counts(params, lora_params, batch: dict, key: Array, *, config: Mo
     (the AR row at the same index: what greedy Ψ-Spec accepts), out of how many; offset 0 is the seed.
     The mask token is excluded from both argmaxes, as the samplers exclude it.
     """
-    agree = jnp.zeros((block_size,), jnp.int32)
-    count = jnp.zeros((block_size,), jnp.int32)
     length = batch["tokens"].shape[1]
-    for shift in range(block_size):
+
+    def one_shift(shift, totals):
         shifted = {**batch, "positions": batch["positions"] + shift}
         pair = make_pair_batch(jax.random.fold_in(key, shift), shifted, block_size, config, lora)
         logits = pair_logits(lora_params, params, config, lora, pair)
@@ -222,6 +234,9 @@ def agreement_counts(params, lora_params, batch: dict, key: Array, *, config: Mo
         rows = pair["rows"] & (shifted["positions"] - offset >= shift)
         same = (best[:, :length] == best[:, length:]) & rows
         onehot = jax.nn.one_hot(offset, block_size, dtype=jnp.int32)
-        agree = agree + jnp.einsum("bl,bls->s", same.astype(jnp.int32), onehot)
-        count = count + jnp.einsum("bl,bls->s", rows.astype(jnp.int32), onehot)
-    return agree, count
+        return (totals[0] + jnp.einsum("bl,bls->s", same.astype(jnp.int32), onehot),
+                totals[1] + jnp.einsum("bl,bls->s", rows.astype(jnp.int32), onehot))
+
+    # a loop, not S unrolled forwards: one compiled pass whatever the block size
+    zeros = jnp.zeros((block_size,), jnp.int32)
+    return jax.lax.fori_loop(0, block_size, one_shift, (zeros, zeros))

@@ -16,6 +16,8 @@ fetching the result and assembling the `GenerationOutput` — and a `Decoder` do
   the drafter's weights and their config are the adapter (`lora_params`, `lora`), or the draft model
   (`draft_params`, `draft_config`) for a decoder that `uses_draft_model`.
 - `knobs(gcfg)`: the mode's traced knobs (`dyn`), default mode B's `slotted.Knobs`.
+- `static(gcfg)`: the generation config as the compile key sees it, for a mode whose traced knobs
+  stand for fields beyond the reset ones (`generate.static_key`); default unchanged.
 """
 from __future__ import annotations
 
@@ -43,3 +45,4 @@ class Decoder:
     uses_adapter: bool = False
     uses_draft_model: bool = False
     knobs: Callable[..., Any] | None = None
+    static: Callable[[Any], Any] | None = None

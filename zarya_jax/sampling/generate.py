@@ -4,8 +4,9 @@ Every mode is a `decoder.Decoder` (`DECODERS`); `generate` does what they share.
 `jax.jit` with the model config, the generation config, the adapter config and `debug` static, so a
 program is compiled once per (batch size, prompt bucket, model config, generation config) and a call
 with new prompts of the same bucket reuses it. Mode B's thresholds (`slot_threshold`,
-`token_threshold`) and AR corrections (`ar_infill`, `ar_first_token`), and Ψ-Spec's
-`draft_when_active_below`, are passed as traced scalars instead, so sweeping them reuses one program.
+`token_threshold`) and AR corrections (`ar_infill`, `ar_first_token`), mode A's α0, planned order
+(random or logical) and sequential convention, and Ψ-Spec's `draft_when_active_below`, are passed as
+traced scalars instead, so sweeping them reuses one program.
 `TRACE_COUNTS[mode]` counts traces (for tests).
 """
 from __future__ import annotations
@@ -47,9 +48,24 @@ def _make_jitted(name: str):
 _JITTED = {name: _make_jitted(name) for name in DECODERS}
 
 
+def decoder_name(gc: GenerationConfig, use_cache: bool = True) -> str:
+    """The `DECODERS` entry that runs `gc`."""
+    mode = gc.resolved_mode
+    if not use_cache:
+        return "ar_uncached"
+    if mode == "spec" and gc.fused:
+        return "spec_fused"
+    if mode == "spec" and gc.drafter == "model":
+        return "spec_model"
+    return mode
+
+
 def static_key(gc: GenerationConfig) -> GenerationConfig:
-    """The part of a generation config that selects a compiled program: the runtime fields reset."""
-    return gc.replace(**{f: type(getattr(gc, f))() for f in DYNAMIC_FIELDS})
+    """The part of a generation config that selects a compiled program: the runtime fields reset (and
+    what the mode's decoder folds, `Decoder.static`)."""
+    gc = gc.replace(**{f: type(getattr(gc, f))() for f in DYNAMIC_FIELDS})
+    fold = DECODERS[decoder_name(gc)].static
+    return fold(gc) if fold else gc
 
 
 def generate(params, config, prompts, generation_config: GenerationConfig, key, *, lora_params=None, lora=None,
@@ -75,11 +91,7 @@ def generate(params, config, prompts, generation_config: GenerationConfig, key, 
     mode = gc.resolved_mode
     if not use_cache and mode != "ar":
         raise ValueError(f"use_cache=False is only available for mode 'ar', not {mode!r}")
-    name = mode if use_cache else "ar_uncached"
-    if mode == "spec" and gc.fused:
-        name = "spec_fused"
-    if mode == "spec" and gc.drafter == "model":
-        name = "spec_model"
+    name = decoder_name(gc, use_cache)
     decoder = DECODERS[name]
     drafting = decoder.uses_draft_model
     decoder.check(config, gc, *((draft_params, draft_config) if drafting else (lora_params, lora)))

@@ -43,17 +43,30 @@ Array = jax.Array
 
 @struct.dataclass
 class Knobs:
-    """Mode A's knob passed as a traced scalar: α0, the diffusion share of the budget. It changes the
-    schedule's values, not its shapes, so every α0 at one (T, order, convention) runs one program."""
+    """Mode A's knobs passed as traced scalars: α0, the diffusion share of the budget; `logical`, the
+    planned order of the diffusion tokens (left to right, else random); `ar_rows`, the AR-row
+    sequential convention. They change values, not shapes, so every α0, both planned orders and both
+    conventions at one (T, confidence or not) run one program (`static`)."""
 
     alpha0: Array
+    logical: Array
+    ar_rows: Array
 
     @classmethod
     def of(cls, gcfg: GenerationConfig) -> "Knobs":
-        return cls(alpha0=jnp.asarray(gcfg.alpha0, jnp.float32))
+        return cls(alpha0=jnp.asarray(gcfg.alpha0, jnp.float32), logical=jnp.asarray(gcfg.mdm_order == "logical"),
+                   ar_rows=jnp.asarray(gcfg.mdm_sequential == "ar"))
 
 
-KNOBS = tuple(f.name for f in dataclasses.fields(Knobs))  # the GenerationConfig fields that are traced
+KNOBS = ("alpha0",)  # the GenerationConfig fields reset in every compile key (`static` folds the other two)
+
+
+def static(gcfg: GenerationConfig) -> GenerationConfig:
+    """The compile key's view of mode A's order and convention: the random and the logical order share a
+    program (only the plan's ranks differ), as do both sequential conventions; "confidence" scores every
+    undecoded mask (other shapes) and keeps its own."""
+    order = "confidence" if gcfg.mdm_order == "confidence" else "random"
+    return gcfg.replace(mdm_order=order, mdm_sequential="mask")
 
 
 def window_rows(gcfg: GenerationConfig) -> int:
@@ -72,13 +85,14 @@ def max_steps(gcfg: GenerationConfig) -> int:
     return t + m if t > 0 else -(-m // 4)
 
 
-def plan(key: Array, gcfg: GenerationConfig, batch: int, alpha0: Array | float | None = None
+def plan(key: Array, gcfg: GenerationConfig, batch: int, knobs: Knobs | None = None
          ) -> tuple[Array, Array, Array]:
     """Per-row schedule: (order int32 [B, M] logical offsets in physical order, sizes int32 [B, S]
     tokens per step (non-empty steps first), num_steps [B], num_diffusion [B]). S = max_steps.
-    `alpha0` (traced, `Knobs`) defaults to `gcfg.alpha0`."""
+    `knobs` (traced α0 and order, `Knobs`) default to `gcfg`'s."""
     m, t = gcfg.max_new_tokens, gcfg.steps
-    alpha0 = gcfg.alpha0 if alpha0 is None else alpha0
+    knobs = Knobs.of(gcfg) if knobs is None else knobs
+    alpha0 = knobs.alpha0
     k_budget, k_order = jax.random.split(key)
     if t > 0:
         # Binomial(M, alpha0) as a sum of M Bernoulli draws (exact).
@@ -95,10 +109,10 @@ def plan(key: Array, gcfg: GenerationConfig, batch: int, alpha0: Array | float |
     compact = jnp.argsort(sizes == 0, axis=1, stable=True)
     sizes = jnp.take_along_axis(sizes, compact, axis=1).astype(jnp.int32)
     offsets = jnp.arange(m)[None, :]
-    if gcfg.mdm_order == "random":
-        rank = jnp.argsort(jnp.argsort(jax.random.uniform(k_order, (batch, m)), axis=1), axis=1)
-    else:  # logical (and confidence's placeholder: its order is chosen while decoding)
-        rank = jnp.broadcast_to(offsets, (batch, m))
+    # random, or logical (also confidence's placeholder: its order is chosen while decoding)
+    random_rank = jnp.argsort(jnp.argsort(jax.random.uniform(k_order, (batch, m)), axis=1), axis=1)
+    logical = knobs.logical | (gcfg.mdm_order == "confidence")
+    rank = jnp.where(logical, jnp.broadcast_to(offsets, (batch, m)), random_rank)
     sort_key = jnp.where(rank < n_d[:, None], rank, n_d[:, None] + offsets)
     order = jnp.argsort(sort_key, axis=1).astype(jnp.int32)
     return order, sizes, (sizes > 0).sum(1).astype(jnp.int32), n_d
@@ -120,12 +134,12 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
     draw = decoding.sampler(config, gcfg)
     stop = eos is not None and gcfg.stop_at_eos
     confidence = gcfg.mdm_order == "confidence"
-    ar_rows = gcfg.mdm_sequential == "ar"
     k_plan, k_sample = jax.random.split(key)
     if dyn is not None and not isinstance(dyn, Knobs):
         raise ValueError(f"mdm.run: dyn must be an mdm.Knobs (build it with Knobs.of(generation_config)), "
                          f"got {type(dyn).__name__}")
-    planned, sizes, n_steps, n_diff = plan(k_plan, gcfg, b, (dyn or Knobs.of(gcfg)).alpha0)
+    dyn = dyn or Knobs.of(gcfg)
+    planned, sizes, n_steps, n_diff = plan(k_plan, gcfg, b, dyn)
     # Non-empty diffusion steps come first (k_s ≤ ⌈M/T⌉ evenly spread); T = 0 has no sequential phase.
     n_dif_steps = jnp.minimum(n_diff, gcfg.steps) if gcfg.steps > 0 else n_steps
     starts = jnp.cumsum(sizes, axis=1) - sizes
@@ -176,9 +190,9 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
         q_pos = lengths[:, None] + jnp.minimum(q_off, m - 1)
         window_mask = masks.causal_with_padding(jnp.concatenate([prev_valid, q_valid], axis=1))
         cache_mask = None
-        if ar_rows:
-            # A sequential step's query row is the token before its target, read in the AR convention.
-            requery = q_valid & sequential[:, None]
+        if gcfg.steps > 0:  # T = 0 has no sequential phase: no convention to read
+            # With the AR-row convention a sequential step's query row is the token before its target.
+            requery = q_valid & (sequential & dyn.ar_rows)[:, None]
             before = jnp.maximum(q_off - 1, 0)
             first = q_off == 0
             before_tok = jnp.where(first, last_prompt[:, None], jnp.take_along_axis(st["gen"], before, axis=1))
@@ -271,4 +285,4 @@ def stats(raw: dict, gcfg: GenerationConfig, tokens: np.ndarray, lengths: np.nda
                 physical_tokens=ptoks, physical_positions=ppos)
 
 
-DECODER = Decoder(run, stats, knobs=Knobs.of)
+DECODER = Decoder(run, stats, knobs=Knobs.of, static=static)
