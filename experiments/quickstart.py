@@ -1,7 +1,7 @@
 """The main job: train a tiny Zarya on the embedded arithmetic task, then compare every decoding mode.
 
     python -m experiments.quickstart                       # 7000 steps of batch 8: under 15 minutes on 2 CPU cores
-    python -m experiments.quickstart --objective ar        # Uno's setting: a plain AR model + its LoRA drafter
+    python -m experiments.quickstart --objective ar        # Uno's setting: a plain AR model + its LoRA drafter (runs/quickstart_ar)
     python -m experiments.quickstart --steps 6000          # a longer run
     python -m experiments.quickstart --minutes 20          # pick the step count for a time budget
     python -m experiments.quickstart --ckpt runs/quickstart/train/final   # evaluate an existing checkpoint
@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 epilog=overrides.help_table(overrides.keys(experiment.ExperimentConfig,
                                                                            defaults=experiment.default_config())),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workdir", default="runs/quickstart", help="where data, checkpoints and reports go")
+    p.add_argument("--workdir", default=None, help="where data, checkpoints and reports go (default "
+                   "runs/quickstart; runs/quickstart_ar with --objective ar, so both settings run side by side)")
     p.add_argument("--steps", type=int, default=None, help="training steps (default 7000; 1500 with --objective ar)")
     p.add_argument("--objective", choices=("zarya", "ar"), default=None,
                    help="zarya (default, the hybrid loss) or ar (the AR-only baseline: plain next-token loss)")
@@ -102,6 +103,8 @@ def _run(args) -> int:
     if args.minutes is not None and args.steps is not None:
         raise ValueError("give --steps or --minutes, not both")
     config = config_from_args(args)
+    if args.workdir is None:
+        args.workdir = "runs/quickstart_ar" if args.objective == "ar" else "runs/quickstart"
     t, ev = config.task, config.eval
     cli.check_workdir(args.workdir, {"eval.ckpt": ev.ckpt, "task.train_file": t.train_file,
                                      "task.test_file": t.test_file, "task.val_file": t.val_file}, WRITES)

@@ -145,11 +145,14 @@ def test_existing_checkpoint_skips_training(smoke_run, tmp_path):
         [p["output"] for p in preds if p["mode"] == "ar"]
 
 
-def test_ar_only_baseline(tmp_path):
-    """--objective ar trains the plain next-token baseline through the same pipeline."""
-    out = str(tmp_path / "ar")
-    assert quickstart.main(["--smoke", "--objective", "ar", "--workdir", out, "--modes", "ar", "--no-progress",
+def test_ar_only_baseline(tmp_path, monkeypatch):
+    """--objective ar trains the plain next-token baseline through the same pipeline, by default in its own
+    workdir (runs/quickstart_ar), so it runs next to the default command's runs/quickstart."""
+    monkeypatch.chdir(tmp_path)
+    out = str(tmp_path / "runs" / "quickstart_ar")
+    assert quickstart.main(["--smoke", "--objective", "ar", "--modes", "ar", "--no-progress",
                             "--set", "frontier.enabled=false", "--set", "eval.batch1_examples=0"]) == 0
+    assert not os.path.exists(tmp_path / "runs" / "quickstart")
     report = json.load(open(os.path.join(out, "report.json")))
     assert report["config"]["train"]["objective"] == "ar" and report["frontier"] is None
     rows = [json.loads(l) for l in open(os.path.join(out, "train", "metrics.jsonl"))]

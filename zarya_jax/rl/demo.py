@@ -43,9 +43,10 @@ from .trainer import train_rl
 # another), so the demo unmarks 80%: the base then mostly answers `so N`, while its samples still state
 # `#### N` often enough for most groups to hold both forms.
 UNMARKED = 0.8
+# The SFT stage pins the batch, warmup, drafter batch and remat its measured table was trained with (docs/rl.md).
 DEMO_SFT = {"task.difficulty": 1, "task.num_train": 20000, "task.num_test": 64, "task.num_val": 0,
             "data.batch_size": 32, "optim.warmup_steps": 100, "train.steps": 1000, "drafter.steps": 150,
-            "drafter.batch_size": 16, "frontier.enabled": False}
+            "drafter.batch_size": 16, "model.remat": False, "frontier.enabled": False}
 DEMO_RL = {"rl.prompts_per_step": 8, "rl.num_generations": 8, "rl.max_new_tokens": 40, "rl.draft_length": 4,
            "rl.beta": 0.02, "rl.refresh_every": 5, "rl.refresh_steps": 5, "optim.lr": 1e-4, "train.steps": 30,
            "train.eval_every": 5, "train.save_every": 10, "data.eval_size": 64}
