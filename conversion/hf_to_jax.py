@@ -8,7 +8,8 @@ Reads `config.json` and safetensors weights (single file or sharded with
 each param is a `checkpoint.Lazy` leaf, allocated and filled layer by layer only when Orbax writes it
 and released before the next, and each safetensors file is opened only for one read so its mapped
 pages are released at once. Peak memory stays near the largest stacked param plus the imports.
-`--add-mask-token` appends the `<mdm_mask>` row (docs/algorithms.md §1). Index entries must name files inside the
+`--add-mask-token` gives `<mdm_mask>` the first embedding row no token uses (Qwen3: 151669 of 151936, the
+vocabulary unchanged) or, without one, appends a row (docs/algorithms.md §1). Index entries must name files inside the
 directory; integer tensors are refused (weights are floating point), and a cast that loses precision
 (e.g. float32 tensors into a bfloat16 checkpoint) is named on stderr.
 """
@@ -171,11 +172,13 @@ def check_tensors(shapes: dict[str, tuple[int, ...]], config: ModelConfig) -> No
                 f"tensor {name!r} has shape {tuple(shapes[name])}, expected {shape} from config.json")
 
 
-def read_param(source, config: ModelConfig, e: hf_params.Entry, extra_rows: int = 0) -> np.ndarray:
+def read_param(source, config: ModelConfig, e: hf_params.Entry, extra_rows: int = 0,
+               mask_row: tuple[int, int] | None = None) -> np.ndarray:
     """One param (`e`) as a numpy array in `config.param_dtype`, filled tensor by tensor from `source`.
 
-    extra_rows=1 appends the mask token's embedding row (and untied head column), set to the mean of
-    the existing ones (docs/algorithms.md §1).
+    mask_row=(row, used): the mask token's embedding row `row` (and untied head column) is set to the
+    mean of the `used` rows that tokens own (docs/algorithms.md §1); extra_rows=1 appends that row first
+    (`row` = config.vocab_size).
     """
     dtype = np.dtype(config.jnp_param_dtype)
     v = config.vocab_size
@@ -185,12 +188,12 @@ def read_param(source, config: ModelConfig, e: hf_params.Entry, extra_rows: int 
             hf_params.fill(e, source.get(e.hf_name(i)), arr[i], e.hf_name(i))
     elif e.path == ("embed",):
         hf_params.fill(e, source.get(e.hf), arr[:v])
-        if extra_rows:
-            arr[v] = arr[:v].mean(axis=0, dtype=np.float64)
+        if mask_row is not None:
+            arr[mask_row[0]] = arr[:mask_row[1]].mean(axis=0, dtype=np.float64)
     elif e.path == ("lm_head",):
         hf_params.fill(e, source.get(e.hf), arr[:, :v])
-        if extra_rows:
-            arr[:, v] = arr[:, :v].mean(axis=1, dtype=np.float64)
+        if mask_row is not None:
+            arr[:, mask_row[0]] = arr[:, :mask_row[1]].mean(axis=1, dtype=np.float64)
     else:
         hf_params.fill(e, source.get(e.hf), arr)
     return arr
@@ -205,14 +208,39 @@ def _shape(config: ModelConfig, e: hf_params.Entry, extra_rows: int) -> tuple[in
     return shape
 
 
-def lazy_params(source, config: ModelConfig, extra_rows: int = 0) -> dict:
+def lazy_params(source, config: ModelConfig, extra_rows: int = 0, mask_row: tuple[int, int] | None = None) -> dict:
     """The params pytree of `checkpoint.Lazy` leaves: each param is read from `source` when it is saved."""
     params: dict = {}
     dtype = np.dtype(config.jnp_param_dtype)
     for e in hf_params.entries(config):
         hf_params.set_path(params, e.path, checkpoint.Lazy(
-            _shape(config, e, extra_rows), dtype, lambda e=e: read_param(source, config, e, extra_rows)))
+            _shape(config, e, extra_rows), dtype, lambda e=e: read_param(source, config, e, extra_rows, mask_row)))
     return params
+
+
+def tokenizer_length(tok_dir: str) -> int | None:
+    """1 + the highest token id of a tokenizer.json, added tokens included (Qwen3: 151669, its
+    `len(tokenizer)`): the embedding rows from there on belong to no token. None without a tokenizer."""
+    file = os.path.join(tok_dir, "tokenizer.json")
+    if not os.path.isfile(file):
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        ids = Tokenizer.from_file(file).get_vocab(with_added_tokens=True).values()
+    except Exception as e:  # the tokenizers library raises its own exception type for a malformed file
+        raise ConversionError(f"cannot read the tokenizer {file!r}: {e}") from e
+    return max(ids) + 1 if ids else 0
+
+
+def choose_mask_row(vocab_size: int, tokens: int | None) -> tuple[int, int]:
+    """(the mask token's id, how many rows are appended for it) for an embedding of `vocab_size` rows
+    and a tokenizer of `tokens` ids: the first unused row (`tokens`) if the embedding has one, so the
+    vocabulary keeps its size (Qwen3's 151936 = 2^7·1187 divides the usual tensor-parallel axes; one
+    more row, 151937, is prime and would divide none); otherwise a new row at `vocab_size`."""
+    if tokens is not None and tokens < vocab_size:
+        return tokens, 0
+    return vocab_size, 1
 
 
 def tokenizer_mask_id(tok_dir: str) -> int | None:
@@ -227,11 +255,10 @@ def tokenizer_mask_id(tok_dir: str) -> int | None:
 
 
 def add_mask_to_tokenizer(tok_dir: str, mask_id: int) -> None:
-    """Registers `<mdm_mask>` as a special token with id `mask_id` (= the old vocab size).
+    """Registers `<mdm_mask>` as a special token with id `mask_id` (the model's row for it, `mask_row`).
 
-    The model's vocab is often larger than the tokenizer's (Qwen3: 151936 vs 151669), so appending
-    the token would give it the wrong id; putting it in the model vocab with an explicit id first
-    makes the tokenizers library keep that id.
+    The model's vocab is often larger than the tokenizer's (Qwen3: 151936 vs 151669); putting the token
+    in the tokenizer's vocab with an explicit id first makes the tokenizers library keep that id.
     """
     spec = {"content": MASK_TOKEN, "single_word": False, "lstrip": False, "rstrip": False,
             "normalized": False, "special": True}
@@ -276,7 +303,7 @@ def convert(hf_dir: str, out: str, *, add_mask_token: bool = False, dtype: str |
     check_tensors(source.shapes, config)
     check_dtypes({k: d for k, d in source.dtypes.items() if k in hf_params.hf_shapes(config)}, config.param_dtype)
 
-    extra_rows = 0
+    extra_rows, mask = 0, None
     if add_mask_token:
         existing = tokenizer_mask_id(hf_dir)
         if config.mask_token_id is not None:
@@ -285,17 +312,22 @@ def convert(hf_dir: str, out: str, *, add_mask_token: bool = False, dtype: str |
             note(f"the tokenizer already has {MASK_TOKEN} at id {existing}; no row added")
             config = config.replace(mask_token_id=existing)
         else:
-            extra_rows = 1
-    old_vocab = config.vocab_size
+            used = tokenizer_length(hf_dir)
+            mask_id, extra_rows = choose_mask_row(config.vocab_size, used)
+            mask = (mask_id, config.vocab_size if used is None else min(used, config.vocab_size))
+            if extra_rows:
+                why = "no tokenizer.json says which rows are unused" if used is None else "every row has a token"
+                note(f"{MASK_TOKEN}: {why}; appending row {mask_id} (vocabulary {config.vocab_size + 1}, which a "
+                     "tensor-parallel mesh axis may not divide)")
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = None
         if copy_tokenizer_files(hf_dir, tmp):
             tokenizer = tmp
-            if extra_rows:
-                add_mask_to_tokenizer(tmp, old_vocab)
-        params = lazy_params(source, config, extra_rows)
-        if extra_rows:
-            config = config.replace(vocab_size=old_vocab + 1, mask_token_id=old_vocab)
+            if mask is not None:
+                add_mask_to_tokenizer(tmp, mask[0])
+        params = lazy_params(source, config, extra_rows, mask)
+        if mask is not None:
+            config = config.replace(vocab_size=config.vocab_size + extra_rows, mask_token_id=mask[0])
         checkpoint.save(out, params, config, zarya, tokenizer=tokenizer)
     return out, config
 
@@ -305,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hf-dir", required=True, help="Hugging Face Qwen3 model directory")
     parser.add_argument("--out", required=True, help="checkpoint directory to create (must not exist)")
     parser.add_argument("--add-mask-token", action="store_true",
-                        help="append a <mdm_mask> row (mean of the others) unless the model has a mask token")
+                        help="give <mdm_mask> the first embedding row no token uses (else append one), set to "
+                             "the mean of the tokens' rows, unless the model has a mask token")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                         help="param and compute dtype (default: the dtype in config.json)")
     parser.add_argument("--allow-pickle", action="store_true",

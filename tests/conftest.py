@@ -3,6 +3,8 @@ the slow part)."""
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# libtpu (the test extra has it, for TPU-target compiles) would otherwise probe for a TPU at start-up.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax
 import pytest

@@ -124,3 +124,33 @@ def test_restore_into_shardings(saved, tiny_params):
     params, _ = checkpoint.load(path, replicated)
     assert all(x.sharding == replicated for _, x in hf_params.leaves(params))
     assert_same(params, tiny_params)
+
+
+def test_load_straight_onto_a_mesh(saved, tiny_params):
+    """`load(mesh=)` reads every param into the NamedSharding the trainer's rules give it (no device holds
+    the model whole first): the same shardings as `train.sharding.tree_shardings`, the same values as the
+    single-device load."""
+    from zarya_jax.train import sharding as shd
+
+    path, _ = saved
+    mesh = shd.make_mesh(shd.MeshConfig(data=1, fsdp=4, tensor=2))
+    assert mesh.size == 8
+    want = shd.tree_shardings(tiny_params, mesh)
+    params, _ = checkpoint.load(path, mesh=mesh)
+    for (p, x), (_, s) in zip(hf_params.leaves(params), hf_params.leaves(want)):
+        assert isinstance(x.sharding, NamedSharding) and x.sharding == s, p
+    assert any(x.sharding.spec != PartitionSpec() for _, x in hf_params.leaves(params))  # sharded, not replicated
+    single, _ = checkpoint.load(path)
+    assert all(len(x.devices()) == 1 for _, x in hf_params.leaves(single))
+    assert_same(params, single)
+    with pytest.raises(ValueError, match="not both"):
+        checkpoint.load(path, NamedSharding(mesh, PartitionSpec()), mesh=mesh)
+    # the same placement through the inference loader and the trainer's frozen tree (a drafter's base)
+    from zarya_jax.inference import load_for_inference
+    from zarya_jax.train.loop import _frozen_on_mesh
+
+    frozen, _ = _frozen_on_mesh(lambda m: checkpoint.load(path, mesh=m)[0], mesh)
+    for tree in (load_for_inference(path, mesh=mesh).params, frozen):
+        for (p, x), (_, s) in zip(hf_params.leaves(tree), hf_params.leaves(want)):
+            assert x.sharding == s, p
+        assert_same(tree, single)

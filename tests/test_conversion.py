@@ -137,42 +137,76 @@ def test_sharded_safetensors_read_and_written(hf_model, hf_dir, ckpt, work):
     np.testing.assert_array_equal(hf_logits(m.eval(), tokens), hf_logits(hf_model, tokens))
 
 
-def test_add_mask_token_untied(hf_model, hf_dir, work):
+def test_add_mask_token_takes_the_first_unused_row_untied(hf_model, hf_dir, work):
+    """The embedding has 96 rows for 80 tokens: <mdm_mask> takes row 80, the vocabulary stays 96, and row
+    80 (and the head's column 80) becomes the mean of the 80 tokens' rows; every other row is HF's."""
+    mask = TOKENIZER_VOCAB
     ck = convert(hf_dir, work / "ckpt_mask", "--add-mask-token")
     params, config = checkpoint.load(ck)
-    assert config.vocab_size == VOCAB + 1 and config.mask_token_id == VOCAB
+    assert config.vocab_size == VOCAB and config.mask_token_id == mask
     embed_hf = hf_model.model.embed_tokens.weight.detach().numpy()
     head_hf = hf_model.lm_head.weight.detach().numpy()
     embed, head = np.asarray(params["embed"]), np.asarray(params["lm_head"])
-    assert embed.shape == (VOCAB + 1, embed_hf.shape[1]) and head.shape == (embed_hf.shape[1], VOCAB + 1)
-    np.testing.assert_array_equal(embed[:VOCAB], embed_hf)
-    np.testing.assert_array_equal(head[:, :VOCAB], head_hf.T)
-    np.testing.assert_allclose(embed[VOCAB], embed_hf.astype(np.float64).mean(0), atol=1e-7, rtol=0)
-    np.testing.assert_allclose(head[:, VOCAB], head_hf.astype(np.float64).mean(0), atol=1e-7, rtol=0)
+    assert embed.shape == embed_hf.shape and head.shape == head_hf.T.shape
+    others = np.arange(VOCAB) != mask
+    np.testing.assert_array_equal(embed[others], embed_hf[others])
+    np.testing.assert_array_equal(head[:, others], head_hf.T[:, others])
+    np.testing.assert_allclose(embed[mask], embed_hf[:mask].astype(np.float64).mean(0), atol=1e-7, rtol=0)
+    np.testing.assert_allclose(head[:, mask], head_hf[:mask].astype(np.float64).mean(0), atol=1e-7, rtol=0)
     # The tokenizer stored with the checkpoint knows the token under the same id.
     tok = HFTokenizer(checkpoint.tokenizer_dir(ck))
-    assert tok.mask_id == VOCAB
-    assert tok.encode("w3 <mdm_mask> w4") == [3, VOCAB, 4]
-    # …and so does the exported directory, which transformers loads with the grown vocab.
+    assert tok.mask_id == mask
+    assert tok.encode("w3 <mdm_mask> w4") == [3, mask, 4]
+    # …and so does the exported directory, which transformers loads with the vocabulary unchanged.
     out = export(ck, work / "hf_mask")
     m = AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager")  # as the reference
-    assert m.config.vocab_size == VOCAB + 1 and m.config.mask_token_id == VOCAB
-    assert AutoTokenizer.from_pretrained(out).convert_tokens_to_ids("<mdm_mask>") == VOCAB
+    assert m.config.vocab_size == VOCAB and m.config.mask_token_id == mask
+    assert AutoTokenizer.from_pretrained(out).convert_tokens_to_ids("<mdm_mask>") == mask
 
 
-def test_add_mask_token_tied_then_not_twice(work):
+def test_add_mask_token_appends_without_a_tokenizer_then_not_twice(work):
+    """No tokenizer says which rows are unused: a row is appended (the mean of all rows)."""
     m = make_hf_model(12, vocab=VOCAB, tie=True)
     m.save_pretrained(work / "hf_tied")
     ck = convert(work / "hf_tied", work / "ckpt_tied_mask", "--add-mask-token")
     params, config = checkpoint.load(ck)
-    assert "lm_head" not in params and config.mask_token_id == VOCAB
+    assert "lm_head" not in params and config.mask_token_id == VOCAB and config.vocab_size == VOCAB + 1
     embed_hf = m.model.embed_tokens.weight.detach().numpy()
+    np.testing.assert_array_equal(np.asarray(params["embed"])[:VOCAB], embed_hf)
     np.testing.assert_allclose(np.asarray(params["embed"])[VOCAB], embed_hf.astype(np.float64).mean(0),
                                atol=1e-7, rtol=0)
     # The export records mask_token_id, so converting it again adds no second row.
     again = convert(export(ck, work / "hf_tied_mask"), work / "ckpt_tied_again", "--add-mask-token")
     config_again = checkpoint.load_config(again)
     assert config_again.vocab_size == VOCAB + 1 and config_again.mask_token_id == VOCAB
+
+
+def test_add_mask_token_appends_when_every_row_has_a_token(work):
+    m = make_hf_model(13, vocab=TOKENIZER_VOCAB, tie=True)
+    m.save_pretrained(work / "hf_full")
+    make_tokenizer(work / "hf_full")
+    config = checkpoint.load_config(convert(work / "hf_full", work / "ckpt_full_mask", "--add-mask-token"))
+    assert config.vocab_size == TOKENIZER_VOCAB + 1 and config.mask_token_id == TOKENIZER_VOCAB
+
+
+def test_add_mask_token_keeps_qwen3s_151936_rows(work, qwen3_tokenizer_dir):
+    """A tiny random Qwen3 with Qwen3's embedding size and tokenizer (151669 tokens, added ones
+    included): <mdm_mask> gets id 151669 = len(tokenizer), and the vocabulary stays 151936 = 2^7·1187,
+    which every power-of-two tensor axis up to 128 divides (151937 is prime)."""
+    from zarya_jax.data.tokenizer import load_tokenizer
+
+    vocab, tokens = 151936, 151669
+    hf = work / "hf_qwen3_vocab"
+    make_hf_model(14, vocab=vocab, hidden=8, inter=8, layers=1, heads=2, kv_heads=1, head_dim=4,
+                  tie=True).save_pretrained(hf)
+    for name in os.listdir(qwen3_tokenizer_dir):
+        shutil.copy(os.path.join(qwen3_tokenizer_dir, name), hf / name)
+    ck = convert(hf, work / "ckpt_qwen3_vocab", "--add-mask-token")
+    params, config = checkpoint.load(ck)
+    assert (config.vocab_size, config.mask_token_id) == (vocab, tokens) and params["embed"].shape[0] == vocab
+    hf_tok = AutoTokenizer.from_pretrained(checkpoint.tokenizer_dir(ck), local_files_only=True)
+    assert len(hf_tok) == tokens + 1 and hf_tok.convert_tokens_to_ids("<mdm_mask>") == tokens  # len: 151669 before
+    assert load_tokenizer(checkpoint.tokenizer_dir(ck)).mask_id == tokens
 
 
 # ---------------------------------------------------------------- bad input

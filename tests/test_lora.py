@@ -200,3 +200,22 @@ def test_load_checks_metadata_arrays_and_checksums_naming_file_and_field(tmp_pat
     # a file written before the noise convention was recorded: uniform
     old = _write(tmp_path / "old", flat, {k: v for k, v in meta.items() if k != "noise"})
     assert lora_lib.load(old)[1].noise == "uniform"
+
+
+def test_save_from_sharded_arrays_and_load_onto_a_mesh(tmp_path, adapter):
+    """An adapter sharded over 8 devices by the trainer's rules (as a drafter run holds it) saves to the
+    same file as its host copy, and `load(mesh=)` places it back on those shardings."""
+    from zarya_jax.train import sharding as shd
+
+    mesh = shd.make_mesh(shd.MeshConfig(data=1, fsdp=4, tensor=2))
+    shardings = shd.tree_shardings(adapter, mesh)
+    sharded = jax.device_put(adapter, shardings)
+    assert all(len(x.devices()) == 8 for x in jax.tree.leaves(sharded))
+    lora_lib.save(tmp_path / "sharded", sharded, LORA)
+    lora_lib.save(tmp_path / "host", jax.tree.map(np.asarray, adapter), LORA)
+    assert lora_lib.metadata(tmp_path / "sharded") == lora_lib.metadata(tmp_path / "host")  # checksums included
+    loaded, cfg = lora_lib.load(tmp_path / "sharded", mesh=mesh)
+    assert cfg == LORA
+    for x, s, want in zip(jax.tree.leaves(loaded), jax.tree.leaves(shardings), jax.tree.leaves(adapter)):
+        assert x.sharding == s
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(want))

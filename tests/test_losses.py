@@ -94,9 +94,9 @@ def test_perfect_predictor_gives_zero():
 def test_gradients_reach_every_param(tiny_config, tiny_params):
     calls = []
 
-    def apply_fn(params, config, tokens, positions, *, segment_ids):
+    def apply_fn(params, config, tokens, positions, *, segment_ids, return_hidden):
         calls.append(tokens.shape)  # traced once per compile
-        return model_lib.apply(params, config, tokens, positions, segment_ids=segment_ids)
+        return model_lib.apply(params, config, tokens, positions, segment_ids=segment_ids, return_hidden=return_hidden)
 
     batch = random_batch(3, rows=2, length=16)
     grad = jax.jit(jax.value_and_grad(functools.partial(zarya_loss, apply_fn=apply_fn), has_aux=True),

@@ -4,9 +4,12 @@ the sharded step, Orbax saves and restores from both processes — against the s
 devices with the same global batches. The first launch is stopped by a SIGTERM that reaches only one
 process; both must stop after the same step and save it together; a plain rerun resumes and must end
 exactly where the uninterrupted single-process run ends (every logged loss, the final params).
-Also: the data pipeline's global batches do not depend on the number of hosts."""
+The same stopped run also resumes on one process with the 4 devices (another host count: the same data
+order and losses). Also: the data pipeline's global batches do not depend on the number of hosts, and an
+adapter sharded over both processes saves from them (`lora.save`)."""
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -78,6 +81,8 @@ def test_two_processes_match_one_and_stop_together(tmp_path, data_file, compile_
     stop = summaries[0]["step"]
     assert summaries[1]["step"] == stop and SIGNAL_AT <= stop < STEPS, summaries  # the same step on both hosts
     assert sorted(os.listdir(os.path.join(multi, "checkpoints"))) == [str(stop)]
+    one_host = str(tmp_path / "two_then_one")  # the same preempted run, continued on one host
+    shutil.copytree(multi, one_host)
 
     resumed = _launch([["-m", "experiments.train", *_args(data_file, multi)] for _ in range(2)], compile_cache)
     for code, out, err in resumed:
@@ -85,6 +90,12 @@ def test_two_processes_match_one_and_stop_together(tmp_path, data_file, compile_
     one, two = read_metrics(ref), read_metrics(multi)
     assert [r["step"] for r in two] == [r["step"] for r in one] == list(range(1, STEPS + 1))
     np.testing.assert_allclose([r["loss"] for r in two], [r["loss"] for r in one], rtol=1e-6)
+    # resumed on one host with the 4 devices the two had: the data position and the state carry over
+    assert train_cli.main(_args(data_file, one_host) + ["--set", "mesh.num_devices=4"]) == 0
+    three = read_metrics(one_host)
+    assert [r["step"] for r in three] == list(range(1, STEPS + 1))
+    assert [r["data_crc"] for r in three[stop:]] == [r["data_crc"] for r in one[stop:]]
+    np.testing.assert_allclose([r["loss"] for r in three], [r["loss"] for r in one], rtol=1e-6)
     p_one, _ = checkpoint.load(os.path.join(ref, "final"))
     p_two, _ = checkpoint.load(os.path.join(multi, "final"))
     for a, b in zip(jax.tree.leaves(p_one), jax.tree.leaves(p_two)):
@@ -103,3 +114,50 @@ def test_global_batches_do_not_depend_on_the_host_count(pack):
     for i, batch in enumerate(one):
         for key, value in batch.items():
             np.testing.assert_array_equal(np.concatenate([hosts[0][i][key], hosts[1][i][key]]), value)
+
+
+LORA_SAVE = """
+import sys
+import jax
+import numpy as np
+from zarya_jax.train import sharding as shd
+shd.maybe_initialize_distributed("auto")
+from zarya_jax import lora
+sys.path.insert(0, sys.argv[2])
+from test_multihost import lora_arrays
+cfg, host = lora_arrays()
+mesh = shd.make_mesh(shd.MeshConfig(data=1, fsdp=-1))  # 4 devices, 2 on each process
+sh = shd.tree_shardings(host, mesh)
+spanning = jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]), host, sh)
+assert not any(x.is_fully_addressable for x in jax.tree.leaves(spanning))
+lora.save(sys.argv[1], spanning, cfg)
+"""
+
+
+def lora_arrays():
+    """A LoRA config and a non-trivial adapter of the tiny model as host arrays (the same in every process)."""
+    from zarya_jax import lora
+    from zarya_jax.config import LoraConfig
+    from zarya_jax.testing import TINY
+
+    cfg = LoraConfig(rank=4, alpha=8.0)
+    shapes = jax.eval_shape(lambda: lora.init_lora(TINY, cfg, jax.random.PRNGKey(0)))
+    rng = np.random.default_rng(3)
+    return cfg, jax.tree.map(lambda s: rng.standard_normal(s.shape).astype(s.dtype), shapes)
+
+
+def test_adapter_saves_from_arrays_spanning_hosts(tmp_path, compile_cache):
+    """Both processes call `lora.save` on arrays no process holds whole: one file, written once, equal
+    to the adapter."""
+    from zarya_jax import lora
+
+    out = str(tmp_path / "adapter")
+    for code, _, err in _launch([["-c", LORA_SAVE, out, os.path.join(REPO, "tests")] for _ in range(2)],
+                                compile_cache):
+        assert code == 0, err[-3000:]
+    assert sorted(os.listdir(tmp_path)) == ["adapter"]  # no temporary directory of a second writer left
+    cfg, want = lora_arrays()
+    got, got_cfg = lora.load(out)
+    assert got_cfg == cfg
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(np.asarray(a), b)

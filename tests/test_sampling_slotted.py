@@ -103,9 +103,52 @@ def test_block_layout():
     assert slotted.block_layout(mk(12, 4, 8)) == (3, 4)     # NB lowered so that block ≥ slot
 
 
+def _unbounded_layout(g: int, s: int, nb: int) -> tuple[int, int]:
+    """The block layout without `max_block_size` (§6.0 before the bound): the reference."""
+    if g // nb < s:
+        nb = max(1, g // s)
+    return nb, (g // nb) // s * s
+
+
+def test_block_layout_bound():
+    for g in (4, 12, 16, 100, 257, 1000, 8192):
+        for s in (1, 4, 8):
+            for nb in (1, 2, 3, 8):
+                if s > g:
+                    continue
+                gc = GenerationConfig(mode="slotted", max_new_tokens=g, slot_size=s, serial_num_blocks=nb,
+                                      max_block_size=10 ** 6)
+                assert slotted.block_layout(gc) == _unbounded_layout(g, s, nb)  # unbound: as before
+                for cap in (s, 16, 256):
+                    if cap < s:
+                        continue
+                    n, bs = slotted.block_layout(gc.replace(max_block_size=cap))
+                    assert bs <= cap // s * s and (n, bs) == _unbounded_layout(g, s, n)
+                    # where the bound does not bind, the layout is today's
+                    if _unbounded_layout(g, s, nb)[1] <= cap:
+                        assert (n, bs) == _unbounded_layout(g, s, nb)
+    # Uno's 8192 new tokens: 4096-row blocks unbounded, 256 by default
+    assert slotted.block_layout(GenerationConfig(mode="slotted", max_new_tokens=8192)) == (32, 256)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_bounded_block_decodes_as_more_blocks(temperature, tiny_config, tiny_params):
+    """A binding `max_block_size` is the unbounded decode with more blocks (here G/S), token for token."""
+    base = dict(mode="slotted", max_new_tokens=G, slot_size=S, slot_threshold=0.5, token_threshold=0.5,
+                temperature=temperature, prompt_bucket=8, stop_at_eos=False)
+    bounded = generate(tiny_params, tiny_config, PROMPTS,
+                       GenerationConfig(serial_num_blocks=1, max_block_size=S, **base), jax.random.PRNGKey(3))
+    assert bounded.stats["num_blocks"] == G // S and bounded.stats["block_size"] == S
+    reference = generate(tiny_params, tiny_config, PROMPTS,
+                         GenerationConfig(serial_num_blocks=G // S, max_block_size=G, **base), jax.random.PRNGKey(3))
+    np.testing.assert_array_equal(bounded.tokens, reference.tokens)
+    np.testing.assert_array_equal(bounded.num_forward_passes, reference.num_forward_passes)
+
+
 @pytest.mark.parametrize("kwargs,prompts,match", [
     (dict(mode="slotted", slot_size=32, max_new_tokens=16), [[1]], "slot_size=32"),
     (dict(mode="slotted", token_threshold=1.5), [[1]], "token_threshold=1.5"),
+    (dict(mode="slotted", slot_size=8, max_block_size=4), [[1]], "max_block_size=4"),
     (dict(mode="slotted", slot_threshold=-0.1), [[1]], "slot_threshold=-0.1"),
     (dict(mode="beam"), [[1]], "mode='beam'"),
     (dict(max_new_tokens=0), [[1]], "max_new_tokens=0"),

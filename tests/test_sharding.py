@@ -49,12 +49,32 @@ def test_param_specs_on_222_mesh(tiny_params):
         assert _norm(flat[path]) == want, path
 
 
-def test_indivisible_dims_stay_replicated(tiny_params):
-    # tensor=4: 2 kv heads cannot be split 4 ways, 4 query heads can.
+def test_indivisible_param_dim_is_an_error_naming_param_axis_and_remedy(tiny_params):
+    # tensor=4: 2 kv heads cannot be split 4 ways. Replicating them instead would hold 4× the memory.
     mesh = S.make_mesh(S.MeshConfig(data=1, fsdp=2, tensor=4))
-    sh = S.tree_shardings(tiny_params, mesh)
-    assert _norm(sh["layers"]["k_proj"]["kernel"].spec) == (None, "fsdp")
-    assert _norm(sh["layers"]["q_proj"]["kernel"].spec) == (None, "fsdp", "tensor")
+    with pytest.raises(ConfigError, match=r"param 'layers/(k|v)_proj/kernel' dim 2 \(kv_heads, 2\) does not divide "
+                                          r"mesh axis tensor=4: use a number of KV heads divisible by 4 or use mesh.tensor=1"):
+        S.tree_shardings(tiny_params, mesh)
+    # A vocabulary grown by one row (Qwen3's 151936 + 1 is prime) names the padding remedy.
+    grown = {"embed": jax.ShapeDtypeStruct((265, 64), jnp.float32)}
+    with pytest.raises(ConfigError, match=r"param 'embed' dim 0 \(vocab, 265\) does not divide mesh axis tensor=4: "
+                                          r"pad the vocabulary to a multiple of 4 .* or use mesh.tensor=1"):
+        S.tree_shardings(grown, mesh)
+    # Axes of several mesh axes name all of them.
+    lora_b = {"layers": {"k_proj": {"b": jax.ShapeDtypeStruct((2, 8, 36), jnp.float32)}}}
+    with pytest.raises(ConfigError, match=r"dim 2 \(lora_out, 36\) does not divide mesh axis tensor=4 × fsdp=2"):
+        S.tree_shardings(lora_b, mesh)
+
+
+def test_activations_and_batches_stay_lenient():
+    """One prompt decoded on an 8-device mesh: the batch dim of 1 is replicated, not an error."""
+    from zarya_jax.nn.partitioning import spec_for
+
+    mesh = S.make_mesh(S.MeshConfig(data=2, fsdp=4))
+    assert _norm(spec_for((1, 7), ("batch", None), mesh)) == ()
+    assert _norm(spec_for((16, 7), ("batch", None), mesh)) == (("data", "fsdp"),)
+    with pytest.raises(ConfigError, match="does not divide"):
+        spec_for((1, 7), ("batch", None), mesh, strict=True)
 
 
 def test_lora_paths_and_batch_spec():
@@ -62,9 +82,39 @@ def test_lora_paths_and_batch_spec():
     lora = {"layers": {"q_proj": {"a": np.zeros((2, 64, 8)), "b": np.zeros((2, 8, 64))}}}
     sh = S.tree_shardings(lora, mesh)
     assert _norm(sh["layers"]["q_proj"]["a"].spec) == (None, "fsdp")
-    assert _norm(sh["layers"]["q_proj"]["b"].spec) == ()
+    assert _norm(sh["layers"]["q_proj"]["b"].spec) == (None, None, "fsdp")
     assert S.batch_sharding(mesh).spec == P(("data", "fsdp"), None)
     assert S.data_parallel_size(mesh) == 8
+
+
+def test_lora_adapter_and_adam_moments_are_sharded_per_device():
+    """Qwen3-4B's drafter adapter at rank 128 (abstract; 141.6M `b` values, 1.6 GiB with its two Adam moments
+    in f32 when replicated): on a (data=1, fsdp=4, tensor=2) mesh every `b` and its moments hold 1/8 of
+    their values per device, every `a` and its moments 1/4 (its rank dim stays whole)."""
+    import optax
+
+    from zarya_jax.config import LoraConfig, preset
+    from zarya_jax.lora import init_lora
+
+    cfg = preset("qwen3-4b")
+    adapter = jax.eval_shape(lambda k: init_lora(cfg, LoraConfig(rank=128), k), jax.random.PRNGKey(0))
+    mesh = S.make_mesh(S.MeshConfig(data=1, fsdp=4, tensor=2))
+    sh = S.tree_shardings(adapter, mesh)
+    optimizer = optax.adamw(1e-4)
+    opt_sh = S.opt_state_shardings(optimizer, jax.eval_shape(optimizer.init, adapter), sh, mesh)
+    moments = [s for s in jax.tree.leaves(opt_sh, is_leaf=lambda x: hasattr(x, "mu")) if hasattr(s, "mu")][0]
+    per_device = {"a": 0, "b": 0}
+    whole = {"a": 0, "b": 0}
+    for (path, leaf), s, mu, nu in zip(jax.tree_util.tree_flatten_with_path(adapter)[0], jax.tree.leaves(sh),
+                                       jax.tree.leaves(moments.mu), jax.tree.leaves(moments.nu)):
+        kind = S.path_str(path).rsplit("/", 1)[-1]
+        parts = 8 if kind == "b" else 4
+        for sharding in (s, mu, nu):
+            shard = sharding.shard_shape(leaf.shape)
+            assert int(np.prod(shard)) * parts == int(np.prod(leaf.shape)), (S.path_str(path), shard)
+            per_device[kind] += int(np.prod(shard)) * 4
+            whole[kind] += int(np.prod(leaf.shape)) * 4
+    assert whole["b"] / 2**30 > 1.5 and per_device["b"] * 8 == whole["b"]
 
 
 def test_params_are_bare_arrays_and_every_one_is_declared(tiny_config):

@@ -48,11 +48,12 @@ class Inference:
         return {} if self.draft_params is None else {"draft_params": self.draft_params,
                                                      "draft_config": self.draft_config}
 
-    def with_draft_model(self, ckpt: str, verify: bool = True) -> "Inference":
-        """This model with the draft model of checkpoint `ckpt` (checked against it: `spec_model.check_compatible`)."""
+    def with_draft_model(self, ckpt: str, verify: bool = True, mesh=None) -> "Inference":
+        """This model with the draft model of checkpoint `ckpt` (checked against it: `spec_model.check_compatible`),
+        loaded onto `mesh` when one is given (as `load_for_inference`)."""
         if not isinstance(ckpt, (str, os.PathLike)) or not os.path.isdir(ckpt):
             raise FileNotFoundError(f"draft model checkpoint {ckpt!r} does not exist or is not a directory")
-        params, config = ckpt_lib.load(os.fspath(ckpt), verify=verify)
+        params, config = ckpt_lib.load(os.fspath(ckpt), mesh=mesh, verify=verify)
         try:
             check_compatible(self.config, config)
         except ValueError as e:
@@ -78,7 +79,7 @@ def load_for_inference(ckpt: str, *, tokenizer: str | None = None, adapter: str 
                        draft: str | None = None, verify: bool = True,
                        format_overrides: Iterable[str] | Mapping[str, Any] = (),
                        default_format: PromptFormat = PromptFormat(),
-                       default_tokenizer: str = "byte") -> Inference:
+                       default_tokenizer: str = "byte", mesh=None) -> Inference:
     """Loads `ckpt` (a `zarya_jax.checkpoint` directory) for decoding.
 
     Tokenizer precedence: an explicit `tokenizer` ('byte' or a directory) wins over the checkpoint's
@@ -86,19 +87,21 @@ def load_for_inference(ckpt: str, *, tokenizer: str | None = None, adapter: str 
     what the checkpoint was trained with). Prompt format: the checkpoint's recorded one (else
     `default_format`) with `format_overrides` on top. `adapter`: a LoRA drafter directory
     (`lora.save`), loaded and checked against the model. `draft`: a draft model checkpoint
-    (`Inference.with_draft_model`). verify: check the checkpoints and the adapter against their checksums. Errors (a missing or damaged checkpoint, an unreadable tokenizer, a
-    mismatched adapter) are ValueErrors naming the path."""
+    (`Inference.with_draft_model`). verify: check the checkpoints and the adapter against their checksums.
+    mesh: a `jax.sharding.Mesh` to read every param (model, adapter, draft model) straight into its shards
+    (`checkpoint.load(mesh=)`: the trainer's sharding rules); None: one local device. Errors (a missing
+    or damaged checkpoint, an unreadable tokenizer, a mismatched adapter) are ValueErrors naming the path."""
     if not isinstance(ckpt, (str, os.PathLike)) or not os.path.isdir(ckpt):
         raise FileNotFoundError(f"checkpoint {ckpt!r} does not exist or is not a directory")
     ckpt = os.fspath(ckpt)
     fmt = prompt_format(ckpt, format_overrides, default_format)
-    params, config = ckpt_lib.load(ckpt, verify=verify)
+    params, config = ckpt_lib.load(ckpt, mesh=mesh, verify=verify)
     spec = tokenizer_spec(ckpt, tokenizer, default_tokenizer)
     tok = load_tokenizer(spec)
     lora_params = lora = None
     if adapter:
-        lora_params, lora = lora_lib.load(adapter, verify=verify)
+        lora_params, lora = lora_lib.load(adapter, verify=verify, mesh=mesh)
         lora_lib.check_lora(lora_params, config, lora)
     model = Inference(ckpt=os.path.abspath(ckpt), params=params, config=config, tokenizer=tok, tokenizer_spec=spec,
                       prompt_format=fmt, adapter=lora_params, lora=lora)
-    return model.with_draft_model(draft, verify=verify) if draft else model
+    return model.with_draft_model(draft, verify=verify, mesh=mesh) if draft else model

@@ -18,6 +18,10 @@ Backends (`ModelConfig.attention`):
 | `splash` | TPU splash attention (Pallas): causal block-sparse mask + segment ids, no mask array at all; run per shard under `shard_map` on the context mesh; sequence a multiple of 128; Pallas interpret mode off TPU (slow, for tests) |
 | `auto` | TPU → `splash` (sequence a multiple of 128), GPU → `dot_product` (bf16/fp16, head_dim ≤ 128), otherwise `dense` |
 
+The platform is the one the program is compiled for (`platform()`): the context mesh's devices when a
+mesh is set (the train and eval steps, and `generate()` given sharded params or a mesh, set one), else
+`jax.default_backend()`. So a program compiled on a CPU host for a TPU mesh gets splash, not dense.
+
 Every backend gives the same result on every row that belongs to a segment (segment id > 0); rows of
 padding (id 0) get finite, backend-dependent values that nothing reads (losses weight them 0, caches
 never commit them).
@@ -82,11 +86,20 @@ def resolve(backend: str, platform: str, dtype, seq_len: int, head_dim: int) -> 
     return "dense"
 
 
+def platform() -> str:
+    """'cpu' | 'gpu' | 'tpu': the platform of the context mesh's devices (the program's target), else the
+    default backend's. An abstract mesh made from real or topology devices records their platform."""
+    mesh = jax.sharding.get_abstract_mesh()
+    device = None if mesh.empty else getattr(mesh, "abstract_device", None)
+    name = getattr(device, "platform", None) or jax.default_backend()
+    return "gpu" if name in ("cuda", "rocm") else name
+
+
 def causal(q: Array, k: Array, v: Array, segment_ids: Array | None, backend: str) -> Array:
     """Self-attention, causal over the physical order within equal segment ids ([b, t] int, 0 = padding;
     None = one segment). q [b,t,h,q], k/v [b,t,k,q] -> [b,t,h,q], with the `backend` of the module doc."""
     b, t, _, d = q.shape
-    name = resolve(backend, jax.default_backend(), q.dtype, t, d)
+    name = resolve(backend, platform(), q.dtype, t, d)
     if name == "dense":
         mask = masks.causal(b, t) if segment_ids is None else masks.segment_causal(segment_ids)
         return dense(q, k, v, mask)
@@ -99,7 +112,7 @@ def causal(q: Array, k: Array, v: Array, segment_ids: Array | None, backend: str
 
 def _dot_product(q: Array, k: Array, v: Array, segment_ids: Array | None) -> Array:
     # cuDNN's flash kernel takes bf16/fp16 only; any other dtype (or platform) runs XLA's implementation.
-    half = jax.default_backend() == "gpu" and q.dtype in _HALF
+    half = platform() == "gpu" and q.dtype in _HALF
     mask = None if segment_ids is None else (segment_ids[:, None, :, None] == segment_ids[:, None, None, :])
     return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True,
                                         implementation="cudnn" if half else None)
@@ -127,7 +140,7 @@ def _splash(q: Array, k: Array, v: Array, segment_ids: Array | None) -> Array:
     if t % SPLASH_BLOCK:
         raise ConfigError(f"model.attention='splash' needs a sequence length that is a multiple of "
                           f"{SPLASH_BLOCK}, got {t} (use 'auto', which falls back to 'dense')")
-    kernel, segment_ids_of = _splash_fn(h, t, jax.default_backend() != "tpu")
+    kernel, segment_ids_of = _splash_fn(h, t, platform() != "tpu")
     seg = jnp.ones((b, t), jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
     heads_first = lambda x: x.transpose(0, 2, 1, 3)  # [b, t, n, q] -> [b, n, t, q]
     one = lambda qq, kk, vv, s: kernel(qq, kk, vv, segment_ids=segment_ids_of(q=s, kv=s))

@@ -261,20 +261,28 @@ def tokenizer_dir(path: str | os.PathLike) -> str | None:
     return directory if os.path.isdir(directory) else None
 
 
-def load(path: str | os.PathLike, shardings: Any = None, *, verify: bool = True) -> tuple[dict, ModelConfig]:
+def load(path: str | os.PathLike, shardings: Any = None, *, mesh: jax.sharding.Mesh | None = None,
+         verify: bool = True) -> tuple[dict, ModelConfig]:
     """Restores (params as jax arrays, ModelConfig).
 
     shardings: None (first local device), one `jax.sharding.Sharding` for every leaf, or a pytree of
-    them shaped like the params; arrays are read straight into their shards. verify: check every array
-    and file against `checksums.json`. Raises `CheckpointError` (naming `path`) for a damaged, truncated
-    or unverifiable checkpoint.
+    them shaped like the params; arrays are read straight into their shards. mesh (instead of
+    shardings): each param's NamedSharding on `mesh` from the project's rules
+    (`train.sharding.tree_shardings`), so a model larger than one device (or spanning hosts: each
+    process reads only its shards) loads straight onto the mesh. verify: check every array and file
+    against `checksums.json`. Raises `CheckpointError` (naming `path`) for a damaged, truncated or
+    unverifiable checkpoint.
     """
+    if mesh is not None and shardings is not None:
+        raise ValueError("checkpoint.load: give shardings or mesh, not both")
     path = os.path.abspath(os.fspath(path))
     sums = checksums(path) if verify else None
     config = load_config(path)
     ckptr = _checkpointer()
     params_dir = os.path.join(path, PARAMS_DIR)
     stored = _stored(ckptr, params_dir, config, path)
+    if mesh is not None:
+        shardings = mesh_shardings(stored, mesh)
     if shardings is None:
         shardings = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     if isinstance(shardings, jax.sharding.Sharding):
@@ -296,6 +304,14 @@ def load(path: str | os.PathLike, shardings: Any = None, *, verify: bool = True)
     if sums is not None:
         compare(sums["arrays"], array_checksums(params), repr(path))
     return params, config
+
+
+def mesh_shardings(tree: Any, mesh: jax.sharding.Mesh) -> Any:
+    """NamedShardings on `mesh` for a params-like tree (arrays, ShapeDtypeStructs or Orbax metadata: leaves
+    with `.shape`), by the rules the trainer shards the same params with."""
+    from ..train.sharding import tree_shardings  # imported here: the trainer imports this module
+
+    return tree_shardings(jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype), tree), mesh)
 
 
 def _stored(ckptr: ocp.Checkpointer, params_dir: str, config: ModelConfig, path: str) -> dict:

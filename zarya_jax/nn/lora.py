@@ -28,11 +28,13 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from ..config import LORA_LAYERS, LORA_NOISE, ConfigError, LoraConfig, ModelConfig
 from ..files import atomic_directory
+from .checkpoint import mesh_shardings
 from .integrity import CheckpointError, array_checksums, compare, describe_error
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -152,23 +154,37 @@ def save(path: str | os.PathLike, lora_params: dict, lora: LoraConfig, extra: di
 
     The metadata holds the rank, alpha, noise convention and layer selection; `extra`: more string metadata stored in
     the file, see `metadata`. An adapter with a non-finite array or alpha is refused (ConfigError) before
-    anything is written.
+    anything is written. The arrays may be sharded over any mesh, across hosts too: every process of a
+    multi-host run must call it (arrays that span processes are gathered; process 0 writes the file, the
+    others return once it is in place).
     """
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise FileExistsError(f"LoRA output {path} exists and is not a directory")
-    flat = {f"layers.{name}.{part}": np.asarray(jax.device_get(arr))
+    flat = {f"layers.{name}.{part}": host_array(arr)
             for name in PROJECTIONS for part, arr in lora_params["layers"][name].items()}
     check_values(flat, lora, f"LoRA adapter to save in {str(path)!r}")
     if any(v.dtype == jnp.bfloat16 for v in flat.values()):
         # safetensors' numpy writer has no bf16; fp32 is lossless and loading casts back
         flat = {k: v.astype(np.float32) for k, v in flat.items()}
-    with atomic_directory(path, overwrite=True) as tmp:
-        save_file(flat, os.path.join(tmp, ADAPTER_FILE),
-                  metadata={**(extra or {}), "rank": str(lora.rank), "alpha": repr(float(lora.alpha)),
-                            "noise": lora.noise, "layers": lora.layers_text(), "format": FORMAT,
-                            "checksums": json.dumps(array_checksums(flat))})
+    if jax.process_index() == 0:
+        with atomic_directory(path, overwrite=True) as tmp:
+            save_file(flat, os.path.join(tmp, ADAPTER_FILE),
+                      metadata={**(extra or {}), "rank": str(lora.rank), "alpha": repr(float(lora.alpha)),
+                                "noise": lora.noise, "layers": lora.layers_text(), "format": FORMAT,
+                                "checksums": json.dumps(array_checksums(flat))})
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("zarya_lora_save")
     return path / ADAPTER_FILE
+
+
+def host_array(x) -> np.ndarray:
+    """The whole of `x` as a host NumPy array. A jax array that spans several processes (no process holds
+    all its shards) is gathered with a collective (`process_allgather`), which every process must join;
+    any other is copied from its devices."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(jax.device_get(x))
 
 
 def _adapter_file(path: str | os.PathLike) -> Path:
@@ -265,8 +281,10 @@ def _nest(flat: dict[str, np.ndarray], cfg: LoraConfig, where: str) -> dict:
     return params
 
 
-def load(path: str | os.PathLike, dtype=None, verify: bool = True) -> tuple[dict, LoraConfig]:
-    """Reads an adapter directory (or the `.safetensors` file itself) -> (lora_params, LoraConfig).
+def load(path: str | os.PathLike, dtype=None, verify: bool = True, mesh: jax.sharding.Mesh | None = None
+         ) -> tuple[dict, LoraConfig]:
+    """Reads an adapter directory (or the `.safetensors` file itself) -> (lora_params, LoraConfig), the
+    arrays on the default device, or sharded on `mesh` by the trainer's rules (`checkpoint.mesh_shardings`).
 
     verify: check the arrays against the checksums in the metadata; a file without them is refused
     (CheckpointError) unless verify=False. Whatever `verify`, the metadata must be valid (rank, alpha,
@@ -284,6 +302,10 @@ def load(path: str | os.PathLike, dtype=None, verify: bool = True) -> tuple[dict
     except ConfigError as e:
         raise ConfigError(f"{where}: {e}") from None
     check_values(flat, cfg, where)
+    if mesh is not None:  # every process read the same file: each places its shards from it
+        cast = np.asarray if dtype is None else (lambda x: np.asarray(x).astype(dtype))
+        params = jax.tree.map(cast, params)
+        return jax.device_put(params, mesh_shardings(params, mesh)), cfg
     cast = (lambda x: jnp.asarray(x)) if dtype is None else (lambda x: jnp.asarray(x).astype(dtype))
     return jax.tree.map(cast, params), cfg
 

@@ -7,7 +7,8 @@ name and `RULES` maps logical names to mesh axes. A parameter is created boxed w
 (`declare(init, names)` around its initializer → an `Axes` box; `nn.scan` adds `layers` in front), and
 `declared` reads the boxes of an (abstract) init back as {path: names}, refusing a parameter created
 without them. `spec_for` turns a shape and its logical axes into a `PartitionSpec` on a given mesh (a
-`Mesh` or an `AbstractMesh`); a name without a rule is an error.
+`Mesh` or an `AbstractMesh`); a name without a rule is an error, and so is a parameter dim that does
+not divide its mesh axes (`strict=True`; activations and batches stay lenient).
 """
 from __future__ import annotations
 
@@ -36,9 +37,22 @@ RULES: dict[str, Any] = {
     "mlp": "tensor",
     "layers": None,
     "norm": None,
-    "lora_rank": None,
+    "lora_rank": None,  # small and user-chosen (8, 16, …): not split, so any rank runs on any mesh
     "lora_in": "fsdp",
-    "lora_out": None,
+    # b [rank, out] and its Adam moments over every model-parallel device (a 4B drafter at rank 128 holds
+    # 0.5 GiB of them per copy); tensor first so that, gathered over fsdp, a device holds its heads' block.
+    "lora_out": ("tensor", "fsdp"),
+}
+
+# What to do about a parameter dim that does not divide its mesh axes, by logical name (`_remedy`).
+_REMEDIES = {
+    "vocab": "pad the vocabulary to a multiple of {n} (conversion keeps Qwen3's 151936 rows)",
+    "heads": "use a number of attention heads divisible by {n}",
+    "kv_heads": "use a number of KV heads divisible by {n}",
+    "mlp": "use an intermediate_size divisible by {n}",
+    "embed": "use a hidden_size divisible by {n}",
+    "lora_in": "use model dims divisible by {n}",
+    "lora_out": "use model dims divisible by {n}",
 }
 
 
@@ -120,22 +134,41 @@ def _mesh_size(mesh, axes) -> int:
     return int(np.prod([mesh.shape[a] for a in axes]))
 
 
+def _remedy(name: str, flat: tuple[str, ...], mesh) -> str:
+    """How to make a dim named `name` fit mesh axes `flat`: change the model or shrink the axes."""
+    n = _mesh_size(mesh, flat)
+    model = _REMEDIES.get(name, "make the dim a multiple of {n}").format(n=n)
+    mesh_fix = " and ".join(f"mesh.{a}=1" for a in flat)
+    return f"{model} or use {mesh_fix}"
+
+
 def spec_for(shape: Sequence[int], axes: Sequence[str | None], mesh, rules: dict[str, Any] = RULES,
-             what: str = "an array") -> P:
-    """PartitionSpec for an array of `shape` with logical `axes`; indivisible dims stay replicated,
-    mesh axes the mesh lacks are skipped, and a mesh axis is used at most once per array. A logical name
-    without a rule raises ConfigError naming `what` (e.g. the parameter's path)."""
+             what: str = "an array", strict: bool = False) -> P:
+    """PartitionSpec for an array of `shape` with logical `axes`; mesh axes the mesh lacks (or of size 1)
+    are skipped, and a mesh axis is used at most once per array. A logical name without a rule raises
+    ConfigError naming `what` (e.g. the parameter's path).
+
+    A dim not divisible by its mesh axes stays replicated when `strict` is False (activations and
+    batches, e.g. one prompt decoded on a wide mesh) and raises ConfigError naming `what`, the dim, the
+    mesh axes and the remedy when it is True (parameters: replicating one silently multiplies its memory
+    and its optimizer state's by the axis size)."""
     unknown = [name for name in axes if name is not None and name not in rules]
     if unknown:
         raise ConfigError(f"{what}: logical axis {unknown[0]!r} (of {tuple(axes)}) has no rule; expected one of "
                           f"{sorted(rules)} or a rule for it in zarya_jax.nn.partitioning.RULES")
     used: set[str] = set()
     out = []
-    for size, name in zip(shape, axes):
+    for dim, (size, name) in enumerate(zip(shape, axes)):
         mesh_axes = rules[name] if name is not None else None
         flat = () if mesh_axes is None else ((mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes))
         flat = tuple(a for a in flat if a not in used and a in mesh.shape and mesh.shape[a] > 1)
-        if not flat or size % _mesh_size(mesh, flat):
+        if flat and size % _mesh_size(mesh, flat):
+            if strict:
+                on = " × ".join(f"{a}={mesh.shape[a]}" for a in flat)
+                raise ConfigError(f"{what} dim {dim} ({name}, {size}) does not divide mesh axis {on}: "
+                                  f"{_remedy(name, flat, mesh)}")
+            flat = ()
+        if not flat:
             out.append(None)
             continue
         used.update(flat)

@@ -8,13 +8,15 @@ and are exported as a `zarya_jax.checkpoint` (any checkpoint runs in any decodin
 """
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 
 from ..config import ModelConfig
 from ..nn import checkpoint
 from ..nn import model as model_lib
 from .base import Objective
-from .losses import token_cross_entropy
+from .losses import head_token_cross_entropy
 
 
 def next_token_targets(batch: dict):
@@ -34,9 +36,10 @@ def ar_objective(model_config: ModelConfig) -> Objective:
 
     def loss_fn(params, frozen, batch, key, info):
         targets, has = next_token_targets(batch)
-        logits, _ = model_lib.apply(params, model_config, batch["tokens"], batch["positions"],
-                                    segment_ids=batch["segment_ids"])
-        ce, hit = token_cross_entropy(logits, targets)
+        hidden, _ = model_lib.apply(params, model_config, batch["tokens"], batch["positions"],
+                                    segment_ids=batch["segment_ids"], return_hidden=True)
+        # block by block over the vocabulary projection: no [B, L, V] logits
+        ce, hit = head_token_cross_entropy(functools.partial(model_lib.lm_head, params, model_config), hidden, targets)
         n = jnp.maximum(jnp.sum(has), 1)
         loss = jnp.sum(jnp.where(has, ce, 0.0)) / n
         return loss, {"loss_seq": loss, "acc_seq": jnp.sum(has & hit) / n, "num_seq_targets": jnp.sum(has)}

@@ -20,15 +20,18 @@ of the very trajectory the teacher ran.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 
 from ..config import ConfigError, LoraConfig, ModelConfig
+from ..nn import model as model_lib
 from ..nn.lora import redraft_tokens
 from .base import Objective
-from .drafter import DrafterConfig, block_size_traced, drafter_terms, make_pair_batch, pair_logits
-from .losses import draft_row_losses
+from .drafter import (DrafterConfig, block_size_traced, drafter_hidden_terms, drafter_loss, make_pair_batch,
+                      pair_hidden)
+from .losses import head_draft_row_losses, map_sequence_blocks
 
 Array = jax.Array
 DIVERGENCES = ("rkl", "tv")
@@ -62,8 +65,21 @@ class DcdConfig:
         return int(round(self.start * total_steps))
 
 
-def teacher_logits(teacher, params, config: ModelConfig, lora: LoraConfig, pair: dict, passes: int) -> Array:
-    """The K-pass teacher over a paired batch: logits fp32 [b, 2L, V] of its last pass (a constant).
+def _drafted(params, config: ModelConfig, hidden: Array) -> Array:
+    """int32 [b, L]: the argmax draft (mask token excluded) of hidden states [b, L, d], projected a block of
+    positions at a time (no [b, L, V] logits)."""
+    def block(h):
+        logits = model_lib.lm_head(params, config, h)
+        if config.mask_token_id is not None:
+            logits = logits.at[..., config.mask_token_id].set(-jnp.inf)
+        return jnp.argmax(logits, -1).astype(jnp.int32)
+
+    return map_sequence_blocks(block, hidden)
+
+
+def teacher_hidden(teacher, params, config: ModelConfig, lora: LoraConfig, pair: dict, passes: int) -> Array:
+    """The K-pass teacher over a paired batch: the final hidden states [b, L, d] of its last pass's noisy rows
+    (a constant; `model.lm_head` maps them to its logits).
 
     Pass k > 1 re-drafts the noisy half from pass k−1's argmax (mask token excluded); the clean half and
     the seeds (the noisy rows with the gate off) are the same in every pass."""
@@ -71,14 +87,11 @@ def teacher_logits(teacher, params, config: ModelConfig, lora: LoraConfig, pair:
     seed = ~pair["gate"][:, :length]
     tokens = pair["tokens"]
     for k in range(passes):
-        logits = pair_logits(teacher, params, config, lora, {**pair, "tokens": tokens})
+        noisy, _ = pair_hidden(teacher, params, config, lora, {**pair, "tokens": tokens})
         if k + 1 < passes:
-            drafted = logits[:, :length]
-            if config.mask_token_id is not None:
-                drafted = drafted.at[..., config.mask_token_id].set(-jnp.inf)
-            noisy = redraft_tokens(tokens[:, :length], jnp.argmax(drafted, -1).astype(jnp.int32), seed)
-            tokens = jnp.concatenate([noisy, tokens[:, length:]], axis=1)
-    return jax.lax.stop_gradient(logits)
+            redrafted = redraft_tokens(tokens[:, :length], _drafted(params, config, noisy), seed)
+            tokens = jnp.concatenate([redrafted, tokens[:, length:]], axis=1)
+    return jax.lax.stop_gradient(noisy)
 
 
 def dcd_loss(lora_params, teacher, params, config: ModelConfig, lora: LoraConfig, pair: dict, cfg: DrafterConfig,
@@ -86,19 +99,18 @@ def dcd_loss(lora_params, teacher, params, config: ModelConfig, lora: LoraConfig
     """The student's one-pass draft against the K-pass teacher (module doc), + ar_weight × the drafter loss.
 
     Returns (loss, metrics: the drafter's {'tv','ce','kl','accept_proxy','rows'} of the student, 'dcd' the
-    divergence to the teacher, 'teacher_accept_proxy' = 1 − ½Σ|q_teacher − p|)."""
-    length = pair["tokens"].shape[1] // 2
+    divergence to the teacher, 'teacher_accept_proxy' = 1 − ½Σ|q_teacher − p|). Every term comes from
+    hidden states projected a block of positions at a time (`losses.head_draft_row_losses`)."""
     mask_id = config.mask_token_id
-    student = pair_logits(lora_params, params, config, lora, pair)
-    ar_loss, metrics = drafter_terms(student, pair, cfg, mask_id)
-    t = teacher_logits(teacher, params, config, lora, pair, dcd.passes)
-    tv_row, _, kl_row = draft_row_losses(jnp.concatenate([student[:, :length], t[:, :length]], axis=1),
-                                         pair["targets"], mask_id)
+    head = functools.partial(model_lib.lm_head, params, config)
+    noisy, clean = pair_hidden(lora_params, params, config, lora, pair)
+    ar_loss, metrics = drafter_hidden_terms((noisy, clean), params, config, pair, cfg)
+    t = teacher_hidden(teacher, params, config, lora, pair, dcd.passes)
+    tv_row, _, kl_row = head_draft_row_losses(head, noisy, head, t, pair["targets"], mask_id)
     rows = pair["rows"].astype(jnp.float32)
     n = jnp.maximum(rows.sum(), 1.0)
     div = ((kl_row if dcd.divergence == "rkl" else tv_row) * rows).sum() / n
-    teacher_tv, _, _ = draft_row_losses(jnp.concatenate([t[:, :length], jax.lax.stop_gradient(student[:, length:])],
-                                                        axis=1), pair["targets"], mask_id)
+    teacher_tv, _, _ = head_draft_row_losses(head, t, head, jax.lax.stop_gradient(clean), pair["targets"], mask_id)
     loss = div + dcd.ar_weight * ar_loss if dcd.ar_weight else div
     return loss, {**metrics, "dcd": div, "teacher_accept_proxy": 1.0 - 0.5 * (teacher_tv * rows).sum() / n}
 
@@ -125,8 +137,7 @@ def dcd_objective(config: ModelConfig, lora: LoraConfig, cfg: DrafterConfig, dcd
         if info.static == "dcd":
             loss, metrics = dcd_loss(lora_params, info.carry, base_params, config, lora, pair, cfg, dcd)
         else:
-            loss, metrics = drafter_terms(pair_logits(lora_params, base_params, config, lora, pair), pair, cfg,
-                                          config.mask_token_id)
+            loss, metrics = drafter_loss(lora_params, base_params, config, lora, pair, cfg)
         return loss, {**metrics, "block_size": s.astype(jnp.float32)}
 
     return Objective(loss_fn, static_at=lambda step, total: "dcd" if step >= start else "tv",

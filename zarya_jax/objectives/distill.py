@@ -6,13 +6,14 @@ frozen base) each run one causal pass over the same clean tokens. On every row t
 answer token (`objectives.ar.next_token_targets`), with q the student's next-token distribution and p
 the teacher's (a constant):
 `tv_weight·Σ_v |q − sg(p)| + ce_weight·(−log q(x_{i+1})) + kl_weight·KL(q ‖ sg(p))`,
-averaged over those rows (`losses.draft_row_losses`, the mask token removed from both). 1 − ½Σ|q − p|
+averaged over those rows (`losses.head_draft_row_losses`, the mask token removed from both). 1 − ½Σ|q − p|
 is the probability that a draft from q is accepted against p, reported as `accept_proxy`. The
 student is exported as a normal checkpoint, like any AR model.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +23,7 @@ from ..nn import checkpoint
 from ..nn import model as model_lib
 from .ar import next_token_targets
 from .base import Objective
-from .losses import draft_row_losses
+from .losses import head_draft_row_losses
 
 LOSSES = ("ntp", "tv")
 
@@ -53,13 +54,17 @@ def distill_loss(student_params, teacher_params, student: ModelConfig, teacher: 
     on a supervised batch (`data.batch` layout); differentiable in `student_params` only."""
     targets, rows = next_token_targets(batch)
 
-    def logits_of(params, config):
+    def hidden_of(params, config):
         return model_lib.apply(params, config, batch["tokens"], batch["positions"],
-                               segment_ids=batch["segment_ids"])[0]
+                               segment_ids=batch["segment_ids"], return_hidden=True)[0]
 
-    q = logits_of(student_params, student)
-    p = jax.lax.stop_gradient(logits_of(teacher_params, teacher))
-    tv_row, ce_row, kl_row = draft_row_losses(jnp.concatenate([q, p], axis=1), targets, student.mask_token_id)
+    # each model's hidden states, projected through its own head a block of positions at a time: no
+    # [B, L, V] logits of either
+    hq = hidden_of(student_params, student)
+    hp = jax.lax.stop_gradient(hidden_of(teacher_params, teacher))
+    head_p = functools.partial(model_lib.lm_head, jax.lax.stop_gradient(teacher_params), teacher)
+    tv_row, ce_row, kl_row = head_draft_row_losses(functools.partial(model_lib.lm_head, student_params, student), hq,
+                                                   head_p, hp, targets, student.mask_token_id)
     w = rows.astype(jnp.float32)
     n = jnp.maximum(w.sum(), 1.0)
     tv, ce, kl = ((x * w).sum() / n for x in (tv_row, ce_row, kl_row))

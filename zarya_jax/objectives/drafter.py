@@ -32,7 +32,7 @@ from ..config import ConfigError, LoraConfig, ModelConfig
 from ..nn import model as model_lib
 from ..nn.lora import noise_tokens
 from .base import Objective
-from .losses import draft_row_losses
+from .losses import draft_row_losses, head_draft_row_losses
 
 Array = jax.Array
 BLOCK_CURRICULUM = (2, 4, 6, 8, 12, 16)
@@ -126,7 +126,8 @@ def make_pair_batch(key: Array, batch: dict, block_size, config: ModelConfig, lo
     `key`, or the given `noise` int [b, L], e.g. to replay an inference draft pass's noise).
 
     Returns {'tokens','positions','gate': [b, 2L], 'mask': [b, 2L, 2L], 'rows': bool [b, L] (noisy
-    rows supervised: not a seed, next token in the same example and an answer token), 'targets' [b, L]}.
+    rows supervised: not a seed, next token in the same example and an answer token), 'targets' [b, L],
+    'segment_ids' [b, L] (the clean half's mask is causal within them)}.
     """
     tokens = batch["tokens"].astype(jnp.int32)
     seg = batch["segment_ids"].astype(jnp.int32)
@@ -141,7 +142,8 @@ def make_pair_batch(key: Array, batch: dict, block_size, config: ModelConfig, lo
     has_next = valid & (shift(seg, 0) == seg)
     rows = ~seed & has_next & shift(batch["answer_mask"].astype(bool), False)
     return {"tokens": jnp.concatenate([noisy, tokens], axis=1), "positions": jnp.concatenate([pos, pos], axis=1),
-            "gate": gate, "mask": pair_mask(seg, pos, block_size), "rows": rows, "targets": shift(tokens, 0)}
+            "gate": gate, "mask": pair_mask(seg, pos, block_size), "rows": rows, "targets": shift(tokens, 0),
+            "segment_ids": seg}
 
 
 def drafter_loss(lora_params, params, config: ModelConfig, lora: LoraConfig, batch: dict,
@@ -149,29 +151,57 @@ def drafter_loss(lora_params, params, config: ModelConfig, lora: LoraConfig, bat
     """TV (+CE, +KL) loss of the gated-LoRA drafter against the stop-gradient AR rows (docs/algorithms.md §7).
 
     Differentiable in `lora_params` only (the clean half runs gate-off, the base params are frozen
-    by the caller). Returns (loss scalar, metrics {'tv','ce','kl','accept_proxy','rows'}).
+    by the caller). Returns (loss scalar, metrics {'tv','ce','kl','accept_proxy','rows'}). The terms come
+    from the final hidden states, projected onto the vocabulary a block of positions at a time
+    (`losses.head_draft_row_losses`): no [b, 2L, V] logits.
     """
-    return drafter_terms(pair_logits(lora_params, params, config, lora, batch), batch, cfg, config.mask_token_id)
+    return drafter_hidden_terms(pair_hidden(lora_params, params, config, lora, batch), params, config, batch, cfg)
 
 
-def pair_logits(lora_params, params, config: ModelConfig, lora: LoraConfig, batch: dict) -> Array:
-    """The drafter's forward over a paired batch (`make_pair_batch` layout): logits fp32 [b, 2L, V].
+def pair_hidden(lora_params, params, config: ModelConfig, lora: LoraConfig, batch: dict) -> tuple[Array, Array]:
+    """The drafter's forward over a paired batch (`make_pair_batch` layout): the final-normed hidden states
+    (noisy [b, L, d], clean [b, L, d]) that `model.lm_head` maps to the q and p logits.
 
-    The same logits as one forward over the 2L rows under `batch["mask"]`, computed in two: the clean
+    The same as one forward over the 2L rows under `batch["mask"]`, computed in two: the clean
     half is the frozen AR model (gate off, and it never attends to the noisy half), so no trainable
     parameter reaches it; it runs once, outside the gradient, and the noisy half reads its K/V as a
     cache (the inference draft pass reads the verified prefix the same way). The backward pass then
-    covers the L noisy rows instead of 2L.
+    covers the L noisy rows instead of 2L. The clean half's mask is causal within the examples
+    (`batch["segment_ids"]`), so it runs through the kernel `config.attention` picks (splash on TPU);
+    its padding rows differ from the pair mask's, and nothing reads them (no supervised row, no
+    noisy row's cache).
     """
     length = batch["tokens"].shape[1] // 2
     tokens, positions, mask = batch["tokens"], batch["positions"], batch["mask"]
+    clean_mask = ({"segment_ids": batch["segment_ids"]} if "segment_ids" in batch
+                  else {"window_mask": mask[:, length:, length:]})
     clean, (k, v) = jax.lax.stop_gradient(model_lib.apply(
-        params, config, tokens[:, length:], positions[:, length:], window_mask=mask[:, length:, length:]))
+        params, config, tokens[:, length:], positions[:, length:], return_hidden=True, **clean_mask))
     noisy, _ = model_lib.apply(params, config, tokens[:, :length], positions[:, :length],
                                window_mask=mask[:, :length, :length], cache={"k": k, "v": v},
                                cache_mask=mask[:, :length, length:], gate=batch["gate"][:, :length],
-                               lora_params=lora_params, lora=lora)
-    return jnp.concatenate([noisy, clean], axis=1)
+                               lora_params=lora_params, lora=lora, return_hidden=True)
+    return noisy, clean
+
+
+def pair_logits(lora_params, params, config: ModelConfig, lora: LoraConfig, batch: dict) -> Array:
+    """`pair_hidden` projected: logits fp32 [b, 2L, V] (noisy rows then clean rows), for evaluation
+    (`agreement_counts`); the train step keeps to the hidden states."""
+    noisy, clean = pair_hidden(lora_params, params, config, lora, batch)
+    return model_lib.lm_head(params, config, jnp.concatenate([noisy, clean], axis=1))
+
+
+def _reduce_terms(terms, batch: dict, cfg: DrafterConfig) -> tuple[Array, dict]:
+    """The drafter loss and metrics from the per-row (TV, CE, KL) [b, L] over the supervised rows."""
+    rows = batch["rows"].astype(jnp.float32)
+    n = jnp.maximum(rows.sum(), 1.0)
+    tv, ce, kl = ((x * rows).sum() / n for x in terms)
+    loss = cfg.tv_weight * tv
+    if cfg.ce_weight:
+        loss = loss + cfg.ce_weight * ce
+    if cfg.kl_weight:
+        loss = loss + cfg.kl_weight * kl
+    return loss, {"tv": tv, "ce": ce, "kl": kl, "accept_proxy": 1.0 - 0.5 * tv, "rows": rows.sum()}
 
 
 def drafter_terms(logits: Array, batch: dict, cfg: DrafterConfig, exclude_id: int | None) -> tuple[Array, dict]:
@@ -179,16 +209,17 @@ def drafter_terms(logits: Array, batch: dict, cfg: DrafterConfig, exclude_id: in
     mask token."""
     # The mask token is never sampled (docs/algorithms.md §4), so neither distribution may put mass on it; the terms are
     # fused reductions over the vocabulary (`losses.draft_row_losses`), p a constant.
-    tv_row, ce_row, kl_row = draft_row_losses(logits, batch["targets"], exclude_id)
-    rows = batch["rows"].astype(jnp.float32)
-    n = jnp.maximum(rows.sum(), 1.0)
-    tv, ce, kl = ((x * rows).sum() / n for x in (tv_row, ce_row, kl_row))
-    loss = cfg.tv_weight * tv
-    if cfg.ce_weight:
-        loss = loss + cfg.ce_weight * ce
-    if cfg.kl_weight:
-        loss = loss + cfg.kl_weight * kl
-    return loss, {"tv": tv, "ce": ce, "kl": kl, "accept_proxy": 1.0 - 0.5 * tv, "rows": rows.sum()}
+    return _reduce_terms(draft_row_losses(logits, batch["targets"], exclude_id), batch, cfg)
+
+
+def drafter_hidden_terms(hidden: tuple[Array, Array], params, config: ModelConfig, batch: dict,
+                         cfg: DrafterConfig) -> tuple[Array, dict]:
+    """`drafter_terms` from `pair_hidden`'s (noisy, clean) hidden states, projected block by block through
+    the base's `lm_head` (the mask token excluded, as there)."""
+    head = functools.partial(model_lib.lm_head, params, config)
+    noisy, clean = hidden
+    return _reduce_terms(head_draft_row_losses(head, noisy, head, clean, batch["targets"], config.mask_token_id),
+                         batch, cfg)
 
 
 def drafter_objective(config: ModelConfig, lora: LoraConfig, cfg: DrafterConfig):

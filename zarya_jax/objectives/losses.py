@@ -7,7 +7,9 @@
          or the ELBO weight).
 
 `zarya_loss` runs the transform (slotted or not, per `ZaryaConfig.slotted_training`), the model and
-the loss; `loss_from_logits` is the loss alone, given the transform's outputs and the logits. With
+the loss; `loss_from_logits` is the loss alone, given the transform's outputs and the logits. A train
+step never makes the [B, L, V] logits: the losses project the final hidden states onto the vocabulary
+a block of positions at a time (`map_sequence_blocks`, rematerialised in the backward). With
 `sequential_convention="mdm"` (non-slotted) the sequential rows are replaced by Eso-LM's reconstruction
 rows (`objectives.reconstruction`), run in a second forward of their own shape; with "both" the AR-convention
 sequential rows are kept as a third part. The parts are flattened into one set of per-token arrays before
@@ -23,6 +25,7 @@ import jax.numpy as jnp
 
 from ..config import ConfigError, ModelConfig, ZaryaConfig
 from ..nn import model as model_lib
+from ..nn.partitioning import spec_for
 from .noise import noise_transform
 from .reconstruction import reconstruction_rows
 from .slots import slotted_transform
@@ -60,31 +63,64 @@ def _without(z: Array, token_id: int | None) -> Array:
     return jnp.where(jax.lax.broadcasted_iota(jnp.int32, z.shape, z.ndim - 1) == token_id, -jnp.inf, z)
 
 
-def _row_chunk(length: int, most: int = 64) -> int:
-    """The largest divisor of `length` that is at most `most`: rows per step of the chunked passes."""
-    return max(c for c in range(1, min(length, most) + 1) if length % c == 0)
+# Sequence positions per block of the vocabulary projection: a block's f32 logits are [rows per device,
+# SEQ_CHUNK, V] (0.3 GiB per row at Qwen3's 151,936 ids), made and dropped one block at a time.
+SEQ_CHUNK = 512
 
 
-def _map_row_chunks(fn, logits: Array, targets: Array):
-    """fn(zq [c, V], zp [c, V], targets [c]) over the paired rows of logits [B, 2L, V] in chunks of c rows
-    (`lax.map`, each chunk sliced from the logits in place), so no [B, L, V] intermediate exists at once.
-    Returns fn's outputs stacked back to [B, L, ...]."""
-    b, two_l, v = logits.shape
-    length = two_l // 2
-    c = _row_chunk(length)
+def _blocks(x: Array, c: int) -> Array:
+    """[B, L, ...] -> [n, B, c, ...], L zero-padded to n·c (the batch dim stays whole: under a mesh each
+    device keeps its own rows)."""
+    b, length = x.shape[:2]
+    n = -(-length // c)
+    x = jnp.pad(x, [(0, 0), (0, n * c - length)] + [(0, 0)] * (x.ndim - 2))
+    return jnp.moveaxis(x.reshape((b, n, c) + x.shape[2:]), 1, 0)
 
-    def body(i):
-        row, start = i // (length // c), (i % (length // c)) * c
-        zq = jax.lax.dynamic_slice(logits, (row, start, 0), (1, c, v))[0]
-        zp = jax.lax.dynamic_slice(logits, (row, length + start, 0), (1, c, v))[0]
-        return fn(zq, zp, jax.lax.dynamic_slice(targets, (row, start), (1, c))[0])
 
-    out = jax.lax.map(body, jnp.arange(b * (length // c)))
-    return jax.tree.map(lambda x: x.reshape((b, length) + x.shape[2:]), out)
+def _unblocks(y: Array, length: int) -> Array:
+    """`_blocks`' inverse: [n, B, c, ...] -> [B, L, ...] (the padding dropped)."""
+    n, b, c = y.shape[:3]
+    return jnp.moveaxis(y, 0, 1).reshape((b, n * c) + y.shape[3:])[:, :length]
+
+
+def _rows_sharded(x: Array) -> Array:
+    """Pins dim 0 of a block [B, c, ...] to the context mesh's batch axes, the other dims left to the
+    compiler (none: unchanged). Inside the loop the compiler would otherwise follow the head's sharding
+    (vocab or embed over FSDP) and gather every row's block onto every device."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return x
+    batch = spec_for(x.shape[:1], ("batch",), mesh)[0]
+    return jax.lax.with_sharding_constraint(
+        x, jax.sharding.PartitionSpec(batch, *([jax.sharding.PartitionSpec.UNCONSTRAINED] * (x.ndim - 1))))
+
+
+def map_sequence_blocks(fn, *arrays: Array, chunk: int | None = None):
+    """fn(*blocks) over blocks of `chunk` sequence positions of arrays [B, L, ...] (`lax.map`), each block
+    rematerialised (`jax.checkpoint`): the backward recomputes a block's intermediates (its [B, c, V]
+    logits) instead of keeping them, so at most one block's exist at once, forward or backward. The
+    batch dim is never sliced (slicing rows would make every device of a batch-sharded mesh hold all of
+    them). fn's outputs [B, c, ...] come back as [B, L, ...]. chunk: positions per block (default
+    `SEQ_CHUNK`; L need not divide by it: the last block is zero-padded and its padding dropped)."""
+    length = arrays[0].shape[1]
+    c = max(1, min(SEQ_CHUNK if chunk is None else chunk, length))
+    block_fn = jax.checkpoint(lambda *xs: jax.tree.map(_rows_sharded, fn(*map(_rows_sharded, xs))),
+                              prevent_cse=False)
+    out = jax.lax.map(lambda xs: block_fn(*xs), tuple(_blocks(a, c) for a in arrays))
+    return jax.tree.map(lambda y: _unblocks(y, length), out)
+
+
+def head_token_cross_entropy(head: Callable[[Array], Array], hidden: Array, targets: Array,
+                             chunk: int | None = None) -> tuple[Array, Array]:
+    """`token_cross_entropy(head(hidden), targets)` without the [B, L, V] logits: hidden [B, L, d] (final-normed,
+    `model.apply(..., return_hidden=True)`), head: [..., d] -> fp32 logits [..., V] (`model.lm_head`),
+    targets int [B, L] -> (CE [B, L] fp32, hits [B, L] bool), projected block by block
+    (`map_sequence_blocks`)."""
+    return map_sequence_blocks(lambda h, t: token_cross_entropy(head(h), t), hidden, targets, chunk=chunk)
 
 
 def _chunk_terms(zq, zp, targets, exclude_id):
-    """TV, CE, KL and the backward's statistics of c paired rows (zq, zp [c, V])."""
+    """TV, CE, KL and the backward's statistics of paired rows (zq, zp [..., V])."""
     zq, zp = _without(zq, exclude_id), _without(zp, exclude_id)
     lse_q = jax.nn.logsumexp(zq, axis=-1, keepdims=True)
     lse_p = jax.nn.logsumexp(zp, axis=-1, keepdims=True)
@@ -99,7 +135,7 @@ def _chunk_terms(zq, zp, targets, exclude_id):
 
 
 def _chunk_grad(zq, zp, targets, exclude_id, stats, cotangents):
-    """d(g_tv·TV + g_ce·CE + g_kl·KL)/dz_q of c rows, from the forward's per-row statistics."""
+    """d(g_tv·TV + g_ce·CE + g_kl·KL)/dz_q of paired rows, from the forward's per-row statistics."""
     lse_q, lse_p, q_sign, kl = (x[..., None] for x in stats)
     g_tv, g_ce, g_kl = (g[..., None] for g in cotangents)
     zq, zp = _without(zq, exclude_id), _without(zp, exclude_id)
@@ -109,48 +145,52 @@ def _chunk_grad(zq, zp, targets, exclude_id, stats, cotangents):
     return q * (g_tv * (jnp.sign(q - p) - q_sign) + g_ce + g_kl * (log_ratio - kl)) - jnp.where(onehot, g_ce, 0.0)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def draft_row_losses(logits: Array, targets: Array, exclude_id: int | None = None):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _draft_block(zq: Array, zp: Array, targets: Array, exclude_id: int | None):
+    """(TV, CE, KL) [..] of paired logits zq, zp [.., V]; the gradient is written directly (and none flows to zp),
+    so autodiff keeps no softmax intermediates."""
+    return _chunk_terms(zq, zp, targets, exclude_id)[:3]
+
+
+def _draft_block_fwd(zq, zp, targets, exclude_id):
+    tv, ce, kl, lse_q, lse_p, q_sign = _chunk_terms(zq, zp, targets, exclude_id)
+    return (tv, ce, kl), (zq, zp, targets, (lse_q, lse_p, q_sign, kl))
+
+
+def _draft_block_bwd(exclude_id, res, cotangents):
+    zq, zp, targets, stats = res
+    g = _chunk_grad(zq, zp, targets, exclude_id, stats, cotangents)
+    return g.astype(zq.dtype), jnp.zeros_like(zp), None
+
+
+_draft_block.defvjp(_draft_block_fwd, _draft_block_bwd)
+
+
+def draft_row_losses(logits: Array, targets: Array, exclude_id: int | None = None, chunk: int | None = None):
     """Uno's drafter terms per row (docs/algorithms.md §7) from paired logits [B, 2L, V]: rows 0..L-1 the draft q, rows
     L..2L-1 the target p (a constant: no gradient flows to it); targets int [B, L]. Returns
     (Σ_v |q − p|, −log q(target), KL(q ‖ p)) as three [B, L] fp32 arrays, each softmax over the
     vocabulary with `exclude_id` (the mask token) removed.
 
-    Chunked for a large vocabulary: forward and backward run over chunks of rows, and the backward
-    recomputes q and p from the logits and writes the gradient directly, so the only [B, 2L, V] float32
-    array made is the gradient itself (d/dz_q: g_tv·q(s − Σqs) + g_ce·(q − onehot) + g_kl·q(log q/p − KL),
-    s = sign(q − p); zero on the p rows).
+    Fused over the vocabulary, block by block of the sequence: the backward recomputes q and p from the
+    logits and writes the gradient directly (d/dz_q: g_tv·q(s − Σqs) + g_ce·(q − onehot) +
+    g_kl·q(log q/p − KL), s = sign(q − p); zero on the p rows). A train step uses
+    `head_draft_row_losses`, which never makes the [B, 2L, V] logits.
     """
-    return _draft_fwd(logits, targets, exclude_id)[0]
+    length = logits.shape[1] // 2
+    return map_sequence_blocks(lambda zq, zp, t: _draft_block(zq, zp, t, exclude_id),
+                               logits[:, :length], logits[:, length:], targets, chunk=chunk)
 
 
-def _draft_fwd(logits, targets, exclude_id):
-    tv, ce, kl, lse_q, lse_p, q_sign = _map_row_chunks(
-        lambda zq, zp, t: _chunk_terms(zq, zp, t, exclude_id), logits, targets)
-    return (tv, ce, kl), (logits, targets, (lse_q, lse_p, q_sign, kl))
+def head_draft_row_losses(head_q: Callable[[Array], Array], hidden_q: Array, head_p: Callable[[Array], Array],
+                          hidden_p: Array, targets: Array, exclude_id: int | None = None, chunk: int | None = None):
+    """`draft_row_losses` of the logits head_q(hidden_q) (q) and head_p(hidden_p) (p, a constant), hidden
+    [B, L, d] each, heads [..., d] -> fp32 [..., V] (`model.lm_head`): each block of positions is projected,
+    reduced and (in the backward) re-projected on its own, so no [B, L, V] array exists."""
+    def block(hq, hp, t):
+        return _draft_block(head_q(hq), jax.lax.stop_gradient(head_p(hp)), t, exclude_id)
 
-
-def _draft_bwd(exclude_id, res, cotangents):
-    logits, targets, stats = res
-    b, two_l, v = logits.shape
-    length = two_l // 2
-    c = _row_chunk(length)
-    per_row = jnp.stack([*stats, *cotangents], axis=-1)  # [B, L, 7]
-
-    def body(i, grad):
-        row, start = i // (length // c), (i % (length // c)) * c
-        zq = jax.lax.dynamic_slice(logits, (row, start, 0), (1, c, v))[0]
-        zp = jax.lax.dynamic_slice(logits, (row, length + start, 0), (1, c, v))[0]
-        t = jax.lax.dynamic_slice(targets, (row, start), (1, c))[0]
-        x = jax.lax.dynamic_slice(per_row, (row, start, 0), (1, c, 7))[0]
-        g = _chunk_grad(zq, zp, t, exclude_id, tuple(x[:, k] for k in range(4)), tuple(x[:, k] for k in range(4, 7)))
-        return jax.lax.dynamic_update_slice(grad, g[None].astype(grad.dtype), (row, start, 0))
-
-    grad = jax.lax.fori_loop(0, b * (length // c), body, jnp.zeros_like(logits))
-    return grad, None
-
-
-draft_row_losses.defvjp(_draft_fwd, _draft_bwd)
+    return map_sequence_blocks(block, hidden_q, hidden_p, targets, chunk=chunk)
 
 
 def loss_from_logits(logits: Array, inputs: dict, zarya_config: ZaryaConfig, slot_size: int = 0):
@@ -199,49 +239,53 @@ def loss_from_token_ce(ce: Array, hit: Array, inputs: dict, zarya_config: ZaryaC
 
 
 def zarya_loss(params, model_config: ModelConfig, zarya_config: ZaryaConfig, batch: dict, key: Array,
-               slot_size: int, *, apply_fn: Callable | None = None):
+               slot_size: int, *, apply_fn: Callable | None = None, chunk: int | None = None):
     """Transform (docs/algorithms.md §2 or §3) → model → loss. Returns (scalar fp32 loss, metrics dict of scalars).
 
     batch: [B, L] arrays (see `data/batch.py`); key: this step's key (e.g. fold_in(run_key, step));
     slot_size: static int, or a traced int32 scalar (one compile for the whole curriculum; ignored when
-    not slotted). apply_fn(params, model_config, tokens, positions,
-    segment_ids=...) -> (logits, …) like `model.apply` (the default); use it for remat/sharded variants.
+    not slotted). apply_fn(params, model_config, tokens, positions, segment_ids=..., return_hidden=True)
+    -> (final-normed hidden [b, t, d], …) like `model.apply` (the default); use it for remat/sharded
+    variants. The loss projects the hidden states onto the vocabulary block by block
+    (`head_token_cross_entropy`, `chunk` positions at a time): the [B, L, V] logits are never made.
     The model attends causally within the transform's physical-order segments (the transform's
     `window_mask`, `masks.segment_causal`), through the kernel `model_config.attention` picks.
     Use under `jax.value_and_grad(zarya_loss, has_aux=True)` with the configs (and an int slot_size) static.
     """
     inputs = transform(key, batch, zarya_config, slot_size, mask_id_of(model_config))
     apply_fn = model_lib.apply if apply_fn is None else apply_fn
+    head = functools.partial(model_lib.lm_head, params, model_config)
 
-    def logits_of(rows, **attention):
-        out = apply_fn(params, model_config, rows["tokens"], rows["positions"], **attention)
-        return out[0] if isinstance(out, tuple) else out
+    def token_terms(rows, **attention):
+        out = apply_fn(params, model_config, rows["tokens"], rows["positions"], return_hidden=True, **attention)
+        hidden = out[0] if isinstance(out, tuple) else out
+        return head_token_cross_entropy(head, hidden, rows["targets"], chunk)
 
     if zarya_config.slotted_training or zarya_config.sequential_convention == "ar":
-        return loss_from_logits(logits_of(inputs, segment_ids=inputs["segment_ids"]), inputs, zarya_config,
-                                slot_size)
+        ce, hit = token_terms(inputs, segment_ids=inputs["segment_ids"])
+        return loss_from_token_ce(ce, hit, inputs, zarya_config, slot_size)
     # Rows 2b are the sequential pass (x0), 2b + 1 the diffusion pass (see `noise_transform`).
     dif = {k: v[1::2] for k, v in inputs.items() if k != "window_mask"}
     seq = {k: v[0::2] for k, v in inputs.items() if k != "window_mask"}
     rec = reconstruction_rows(seq, mask_id_of(model_config))
-    parts = [(dif, logits_of(dif, segment_ids=dif["segment_ids"])),
-             (rec, logits_of(rec, window_mask=rec["window_mask"]))]
+    parts = [(dif, *token_terms(dif, segment_ids=dif["segment_ids"])),
+             (rec, *token_terms(rec, window_mask=rec["window_mask"]))]
     if zarya_config.sequential_convention == "both":
-        parts.append((seq, logits_of(seq, segment_ids=seq["segment_ids"])))
+        parts.append((seq, *token_terms(seq, segment_ids=seq["segment_ids"])))
     return loss_from_flat(parts, zarya_config)
 
 
 def loss_from_flat(parts, zarya_config: ZaryaConfig):
-    """The loss over several (inputs, logits) parts of different shapes, as one row of all their tokens."""
+    """The loss over several (inputs, CE, hits) parts of different shapes (CE, hits [R, L] per part), as one
+    row of all their tokens."""
     fields = ("weights", "is_dif", "answer", "masked", "p_mask", "ans_len")
     ces, hits, flat = [], [], {k: [] for k in fields + ("primary",)}
-    for rows, logits in parts:
-        ce, hit = token_cross_entropy(logits, rows["targets"])
+    for rows, ce, hit in parts:
         ces.append(ce.reshape(-1))
         hits.append(hit.reshape(-1))
         for k in fields:
             flat[k].append(rows[k].reshape(-1))
         flat["primary"].append(jnp.broadcast_to(rows["primary"][:, None], rows["answer"].shape).reshape(-1))
     merged = {k: jnp.concatenate(v)[None] for k, v in flat.items()}
-    merged["num_examples"] = sum(jnp.sum(rows["num_examples"]) for rows, _ in parts)[None]
+    merged["num_examples"] = sum(jnp.sum(rows["num_examples"]) for rows, _, _ in parts)[None]
     return loss_from_token_ce(jnp.concatenate(ces)[None], jnp.concatenate(hits)[None], merged, zarya_config)

@@ -29,6 +29,7 @@ import numpy as np
 
 from ..config import ConfigError
 from ..nn import model as model_lib
+from ..objectives.losses import map_sequence_blocks
 from ..sampling import primitives
 
 Array = jax.Array
@@ -112,11 +113,15 @@ def completion_logprobs(params, config, batch: dict, temperature: float = 1.0) -
     mask = jnp.asarray(batch["mask"], bool)
     valid = jnp.arange(w)[None, :] < (lengths + mask.sum(1))[:, None]
     positions = jnp.broadcast_to(jnp.arange(w, dtype=jnp.int32), (n, w))
-    logits, _ = model_lib.apply(params, config, tokens, positions, segment_ids=valid.astype(jnp.int32))
+    hidden, _ = model_lib.apply(params, config, tokens, positions, segment_ids=valid.astype(jnp.int32),
+                                return_hidden=True)
     rows = jnp.minimum(lengths[:, None] - 1 + jnp.arange(g)[None, :], w - 1)  # row j − 1 predicts token j
-    picked = jnp.take_along_axis(logits, rows[..., None], axis=1)
-    lp = primitives.token_logprob(picked, jnp.asarray(batch["completions"]), temperature or 1.0,
-                                  config.mask_token_id)
+    picked = jnp.take_along_axis(hidden, rows[..., None], axis=1)  # [N, G, d]
+    # only the completion rows are projected, a block of them at a time: no [N, W, V] (or [N, G, V]) logits
+    lp = map_sequence_blocks(
+        lambda h, t: primitives.token_logprob(model_lib.lm_head(params, config, h), t, temperature or 1.0,
+                                              config.mask_token_id),
+        picked, jnp.asarray(batch["completions"], jnp.int32))
     return jnp.where(mask, lp, 0.0)
 
 

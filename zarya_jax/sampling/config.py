@@ -22,7 +22,8 @@ MDM_SEQUENTIAL = ("mask", "ar")
 COMMON_KNOBS = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "eos_token_id",
                 "stop_at_eos", "prompt_bucket", "kv_cache_dtype")
 MODE_KNOBS = {"ar": COMMON_KNOBS, "mdm": COMMON_KNOBS + ("steps", "alpha0", "mdm_order", "mdm_sequential"),
-              "slotted": COMMON_KNOBS + ("slot_size", "serial_num_blocks", "slot_threshold", "token_threshold",
+              "slotted": COMMON_KNOBS + ("slot_size", "serial_num_blocks", "max_block_size", "slot_threshold",
+                                         "token_threshold",
                                          "ar_infill", "ar_first_token"),
               "spec": COMMON_KNOBS + ("draft_length", "fused", "draft_passes", "draft_when_active_below")}
 ROUTING_FIELDS = ("mode", "slotted_generation", "drafter", "fused")
@@ -56,6 +57,10 @@ class GenerationConfig:
     slot_size, serial_num_blocks, slot_threshold, token_threshold: mode B. `slot_threshold` in [0, 1];
       any value > 1 is accepted and means "one slot per plan" (no first-token probability exceeds it,
       so the single most confident slot is always chosen, as in ReFusion's code).
+    max_block_size: mode B's largest block (window rows of one pass): more blocks than `serial_num_blocks`
+      when ⌊G/NB⌋ exceeds it, so a pass's memory is bounded whatever G (docs/algorithms.md §6.0). The
+      block is part of the algorithm (a plan chooses among its slots), so where it binds the output
+      differs from the unbounded layout's; where ⌊G/NB⌋ ≤ max_block_size nothing changes.
     ar_infill, ar_first_token: mode B's AR corrections (beyond the paper; off = ReFusion's rule): the token
       forced after an accepted prefix is the AR row's own choice, and a slot that directly follows
       committed text starts with the AR choice for that position (see `sampling.slotted`).
@@ -89,6 +94,7 @@ class GenerationConfig:
     mdm_sequential: str = "mask"
     slot_size: int = 8
     serial_num_blocks: int = 2
+    max_block_size: int = 256
     slot_threshold: float = 0.9
     token_threshold: float = 0.9
     ar_infill: bool = False
@@ -121,6 +127,7 @@ class GenerationConfig:
         _int_at_least("steps", self.steps, 0)
         _int_at_least("slot_size", self.slot_size, 1)
         _int_at_least("serial_num_blocks", self.serial_num_blocks, 1)
+        _int_at_least("max_block_size", self.max_block_size, 1)
         _int_at_least("draft_length", self.draft_length, 1)
         _int_at_least("draft_passes", self.draft_passes, 1)
         _int_at_least("prompt_bucket", self.prompt_bucket, 1)
@@ -176,6 +183,10 @@ class GenerationConfig:
             raise ValueError(
                 f"GenerationConfig.slot_size={self.slot_size} does not fit max_new_tokens={self.max_new_tokens}: "
                 "mode B needs at least one whole slot (slot_size ≤ max_new_tokens)")
+        if self.resolved_mode == "slotted" and self.slot_size > self.max_block_size:
+            raise ValueError(
+                f"GenerationConfig.slot_size={self.slot_size} does not fit max_block_size={self.max_block_size}: "
+                "a block holds whole slots (raise max_block_size or lower slot_size)")
         if model_config is not None:
             self._validate_model(model_config)
         if prompts is not None:

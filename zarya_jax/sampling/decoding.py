@@ -32,9 +32,11 @@ def prefill(params, config, tokens: Array, lengths: Array, cache_len: int, cache
     valid = jnp.arange(p)[None, :] < lengths[:, None]
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
     # Causal within the valid rows (segment 1; padding 0): the training mask, so a fused kernel may serve it.
-    logits, kv = model_lib.apply(params, config, tokens, positions, segment_ids=valid.astype(jnp.int32))
+    hidden, kv = model_lib.apply(params, config, tokens, positions, segment_ids=valid.astype(jnp.int32),
+                                 return_hidden=True)
     cache = kv_cache.commit(kv_cache.init(config, b, cache_len, cache_dtype), kv, valid)
-    return logits[jnp.arange(b), lengths - 1], cache
+    # Only the kept rows go through the output projection: [B, V], not [B, P, V] logits.
+    return model_lib.lm_head(params, config, hidden[jnp.arange(b), lengths - 1]), cache
 
 
 def initial_presence(tokens: Array, lengths: Array, vocab: int, gcfg: GenerationConfig) -> Array | None:

@@ -12,6 +12,7 @@ traced scalars instead, so sweeping them reuses one program.
 from __future__ import annotations
 
 import collections
+import contextlib
 
 import jax
 import jax.numpy as jnp
@@ -35,14 +36,17 @@ def _make_jitted(name: str):
     decoder = DECODERS[name]
 
     def traced(params, lora_params, draft_params, tokens, lengths, key, dyn, *, config, gcfg, lora, draft_config,
-               debug):
+               debug, mesh=None):
         TRACE_COUNTS[name] += 1  # runs only while tracing
         extra = {"lora_params": lora_params, "lora": lora} if decoder.uses_adapter else {}
         if decoder.uses_draft_model:
             extra = {"draft_params": draft_params, "draft_config": draft_config}
-        return decoder.run(params, tokens, lengths, key, config=config, gcfg=gcfg, debug=debug, dyn=dyn, **extra)
+        # The mesh as the context mesh: activations pinned to its batch axes, and the attention kernel
+        # chosen for its platform and run per shard (a Pallas kernel cannot be partitioned by XLA).
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if mesh is not None else contextlib.nullcontext():
+            return decoder.run(params, tokens, lengths, key, config=config, gcfg=gcfg, debug=debug, dyn=dyn, **extra)
 
-    return jax.jit(traced, static_argnames=("config", "gcfg", "lora", "draft_config", "debug"))
+    return jax.jit(traced, static_argnames=("config", "gcfg", "lora", "draft_config", "debug", "mesh"))
 
 
 _JITTED = {name: _make_jitted(name) for name in DECODERS}
@@ -60,6 +64,16 @@ def decoder_name(gc: GenerationConfig, use_cache: bool = True) -> str:
     return mode
 
 
+def mesh_of(*trees) -> jax.sharding.Mesh | None:
+    """The mesh the first `NamedSharding`-placed leaf of `trees` lives on (params loaded onto a mesh),
+    or None (arrays on one device, or not yet placed)."""
+    for leaf in jax.tree.leaves(trees):
+        sharding = getattr(leaf, "sharding", None)
+        if isinstance(sharding, jax.sharding.NamedSharding):
+            return sharding.mesh
+    return None
+
+
 def static_key(gc: GenerationConfig) -> GenerationConfig:
     """The part of a generation config that selects a compiled program: the runtime fields reset (and
     what the mode's decoder folds, `Decoder.static`)."""
@@ -68,21 +82,10 @@ def static_key(gc: GenerationConfig) -> GenerationConfig:
     return fold(gc) if fold else gc
 
 
-def generate(params, config, prompts, generation_config: GenerationConfig, key, *, lora_params=None, lora=None,
-             draft_params=None, draft_config=None, debug: bool = False, use_cache: bool = True) -> GenerationOutput:
-    """Generates continuations of `prompts` (list of B token-id lists or 1-D integer arrays, or one integer
-    array [B, L]) → `GenerationOutput`.
-
-    Routes by `generation_config.resolved_mode`: "ar" (docs/algorithms.md §4), "mdm" (mode A, §5), "slotted"
-    (mode B, §6), "spec" (§7; `lora_params`/`lora`, the drafter adapter with its noise convention, are
-    used by this mode with `drafter="lora"` only, `draft_params`/`draft_config`, a separate draft model
-    with the base's vocabulary and special ids, with `drafter="model"` only: the other modes run the
-    base weights). `use_cache=False` runs the AR
-    baseline without a KV cache (mode "ar" only); `debug=True` adds per-pass logits to `stats["trace"]`
-    (modes ar/mdm/slotted). Raises ValueError on bad input (prompts, config, params of another config)
-    before anything is compiled.
-    """
-    gc = generation_config
+def _program(params, config, prompts, gc: GenerationConfig, *, lora_params, lora, draft_params, draft_config,
+             use_cache: bool):
+    """Validates a call at the edge → (decoder name, the jitted args that do not depend on the prompts' values,
+    its static kwargs, padded tokens, lengths)."""
     if not isinstance(gc, GenerationConfig):
         raise ValueError(f"generation_config: expected a GenerationConfig, got {type(gc).__name__}")
     prompts = as_prompt_list(prompts)
@@ -98,16 +101,42 @@ def generate(params, config, prompts, generation_config: GenerationConfig, key, 
     adapter = decoder.uses_adapter and mode == "spec" and gc.drafter == "lora"
     _, pad = decoding.special_ids(config, gc)
     tokens, lengths = pad_prompts(prompts, gc.prompt_bucket, pad)
+    weights = (params, lora_params if adapter else None, draft_params if drafting else None)
+    static = {"config": config, "gcfg": static_key(gc),  # the runtime fields are traced: no recompile per value
+              "lora": lora if adapter else None, "draft_config": draft_config if drafting else None}
+    return name, weights, static, tokens, lengths
+
+
+def generate(params, config, prompts, generation_config: GenerationConfig, key, *, lora_params=None, lora=None,
+             draft_params=None, draft_config=None, debug: bool = False, use_cache: bool = True,
+             mesh: jax.sharding.Mesh | None = None) -> GenerationOutput:
+    """Generates continuations of `prompts` (list of B token-id lists or 1-D integer arrays, or one integer
+    array [B, L]) → `GenerationOutput`.
+
+    Routes by `generation_config.resolved_mode`: "ar" (docs/algorithms.md §4), "mdm" (mode A, §5), "slotted"
+    (mode B, §6), "spec" (§7; `lora_params`/`lora`, the drafter adapter with its noise convention, are
+    used by this mode with `drafter="lora"` only, `draft_params`/`draft_config`, a separate draft model
+    with the base's vocabulary and special ids, with `drafter="model"` only: the other modes run the
+    base weights). `use_cache=False` runs the AR
+    baseline without a KV cache (mode "ar" only); `debug=True` adds per-pass logits to `stats["trace"]`
+    (modes ar/mdm/slotted). `mesh`: the device mesh the program runs on (default: the mesh the params are
+    placed on, if any): the decoder is traced with it as the context mesh, so activations follow its
+    batch axes and attention runs the kernel of its platform per shard (splash on a TPU). Raises
+    ValueError on bad input (prompts, config, params of another config) before anything is compiled.
+    """
+    gc = generation_config
+    name, weights, static, tokens, lengths = _program(
+        params, config, prompts, gc, lora_params=lora_params, lora=lora, draft_params=draft_params,
+        draft_config=draft_config, use_cache=use_cache)
+    decoder = DECODERS[name]
     dyn = (decoder.knobs or slotted.Knobs.of)(gc)
-    static_gc = static_key(gc)  # the runtime fields are traced instead: no recompile per value
-    raw = _JITTED[name](params, lora_params if adapter else None, draft_params if drafting else None,
-                        jnp.asarray(tokens), jnp.asarray(lengths), key, dyn, config=config, gcfg=static_gc,
-                        lora=lora if adapter else None, draft_config=draft_config if drafting else None, debug=debug)
+    raw = _JITTED[name](*weights, jnp.asarray(tokens), jnp.asarray(lengths), key, dyn, **static, debug=debug,
+                        mesh=mesh if mesh is not None else mesh_of(params))
     raw = jax.device_get(raw)
     out_lengths = np.asarray(raw["lengths"], np.int32)
     nfe = np.asarray(raw["num_forward_passes"], np.int32)
     tpf = (out_lengths / np.maximum(nfe, 1)).astype(np.float32)
-    stats = {"mode": mode, "loop_passes": int(raw["loop_passes"]),
+    stats = {"mode": gc.resolved_mode, "loop_passes": int(raw["loop_passes"]),
              "mean_tokens_per_forward": float(tpf.mean()), "prompt_width": int(tokens.shape[1])}
     stats.update(decoder.stats(raw, gc, tokens, lengths, out_lengths))
     if debug and "trace" in raw:
@@ -119,3 +148,27 @@ def generate(params, config, prompts, generation_config: GenerationConfig, key, 
         logprobs = np.where(written, np.asarray(raw["logprobs"], np.float32), np.float32(0))
     return GenerationOutput(tokens=np.asarray(raw["tokens"], np.int32), lengths=out_lengths,
                             num_forward_passes=nfe, tokens_per_forward=tpf, stats=stats, logprobs=logprobs)
+
+
+def lower(params, config, generation_config: GenerationConfig, batch: int, prompt_length: int, *, mesh,
+          lora_params=None, lora=None, draft_params=None, draft_config=None) -> jax.stages.Lowered:
+    """The program `generate` runs for `batch` prompts of `prompt_length` tokens on `mesh`, lowered and not
+    run: `params` (and the drafter's weights) may be ShapeDtypeStructs carrying their shardings, and the
+    mesh's devices need not be this host's (a TPU topology compiled on a CPU host, `zarya_jax.target`).
+    The prompts are split over the mesh's batch axes where `batch` divides them; the key and knobs are
+    replicated. `.compile()` it for the target's memory analysis."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from ..nn.partitioning import spec_for
+
+    gc = generation_config
+    name, weights, static, tokens, lengths = _program(
+        params, config, [[0] * prompt_length] * batch, gc, lora_params=lora_params, lora=lora,
+        draft_params=draft_params, draft_config=draft_config, use_cache=True)
+    rows = NamedSharding(mesh, spec_for((batch,), ("batch",), mesh))
+    placed = lambda x, sharding: jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype, sharding=sharding)
+    replicated = lambda tree: jax.tree.map(lambda x: placed(x, NamedSharding(mesh, P())), tree)
+    tokens = placed(tokens, NamedSharding(mesh, P(*rows.spec, None)))
+    dyn = replicated((DECODERS[name].knobs or slotted.Knobs.of)(gc))
+    key = replicated(jax.random.PRNGKey(0))
+    return _JITTED[name].lower(*weights, tokens, placed(lengths, rows), key, dyn, **static, debug=False, mesh=mesh)

@@ -2,7 +2,9 @@
 
 Layout: G = max_new_tokens, NB blocks of `block_size = ⌊G/NB⌋` tokens rounded down to a multiple of
 the slot size S (NB is lowered to ⌊G/S⌋ when ⌊G/NB⌋ < S) **[decision]**; the last G − NB·block_size
-positions stay empty. Blocks are decoded left to right, each as `block_size/S` slots.
+positions stay empty. NB is raised to ⌊G/C⌋ (or ⌊G/C⌋ + 1 where that still leaves blocks over C) when
+the block exceeds C = `max_block_size` rounded down to a multiple of S **[decision]**: the window, hence a pass's logits and attention scores, stays bounded
+whatever G. Blocks are decoded left to right, each as `block_size/S` slots.
 
 One `lax.while_loop`; every iteration is exactly one model pass over a window of `block_size` rows
 (window row j = block offset j, logical position len + block·block_size + j), so rows of the batch
@@ -66,10 +68,14 @@ PENDING, CHOSEN, COMMITTED, DEAD = 0, 1, 2, 3
 
 
 def block_layout(gcfg: GenerationConfig) -> tuple[int, int]:
-    """(number of blocks, block size), docs/algorithms.md §6 with the rounding decision above."""
+    """(number of blocks, block size), docs/algorithms.md §6.0 with the rounding and bounding decisions above."""
     g, s, nb = gcfg.max_new_tokens, gcfg.slot_size, gcfg.serial_num_blocks
     if g // nb < s:
         nb = max(1, g // s)
+    cap = max(s, gcfg.max_block_size // s * s)
+    if (g // nb) // s * s > cap:  # the fewest blocks of at most C rows, from ⌊G/C⌋ full ones
+        nb = g // cap
+        nb += (g // nb) // s * s > cap
     return nb, (g // nb) // s * s
 
 

@@ -11,12 +11,15 @@ at logical position n−1):
      weights. Row 0 gives p0 (AR convention, it sees only committed text); the mask row at n+j gives
      q_j for its own position (MDM convention), j = 1 … F−1. The mask at n is context only (c0 is
      drawn from p0).
-   c0 ~ p0, c_j ~ q_j. Only the seed row's K/V is committed (it is the AR K/V: gate off, causal).
-2. Verify pass with the AR weights over `[c0 … c_{F−1}]` at n … n+F−1: row j gives p_{j+1}.
+   c0 ~ p0, c_j ~ q_j. Nothing is committed.
+2. Verify pass with the AR weights over `[seed, c0 … c_{F−1}]` at n−1 … n+F−1 against the same cache:
+   row j + 1 gives p_{j+1} (the seed row recomputes the seed's AR K/V, so the cache is not written
+   between the passes).
 3. c0 is exact; c_j (j ≥ 1) is accepted left to right with probability min(1, p_j(c_j)/q_j(c_j)); at the
    first rejection a correction ~ normalize(max(0, p_j − q_j)); if all pass, a bonus ~ p_F. Greedy
    (temperature 0): accept iff c_j = argmax p_j; the correction/bonus is argmax p.
-4. Commit the verify pass's K/V of c0 … c_m; the correction/bonus is the next seed.
+4. Commit the verify pass's K/V of the seed and c0 … c_m (one scatter into the loop-carried cache, in
+   place); the correction/bonus is the next seed.
 So every cycle yields m+2 tokens for two forward passes, and the output distribution is the AR
 model's (the drafts only change how many tokens a cycle yields). Each emitted token's AR logits are
 already at hand (the seed row for c0, verify row j − 1 for index j ≥ 1), so its log-probability under
@@ -241,7 +244,6 @@ def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array,
 
     cache, seed = prefill_but_last(params, config, prompts, lengths, cache_rows(gcfg, P), gcfg.kv_cache_dtype)
 
-    idx_d = jnp.arange(F + 1 if drafter == "self" else F, dtype=jnp.int32)[None, :]
     idx_f = jnp.arange(F, dtype=jnp.int32)[None, :]
     idx_o = jnp.arange(F + 1, dtype=jnp.int32)[None, :]
 
@@ -249,13 +251,17 @@ def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array,
                  row_draft_cycles=jnp.zeros((b,), jnp.int32), row_passes=jnp.ones((b,), jnp.int32),
                  loop_passes=jnp.int32(1))
 
+    # A cycle (spec or AR) reads the cache and returns the rest of the state plus what to commit: the
+    # K/V of a window of F + 1 rows and which of them to keep. The one commit after it is a scatter
+    # into the loop-carried buffer, updated in place; a cycle that wrote the cache itself would put
+    # the buffer through `lax.cond`, which gives its result a buffer of its own (a second cache).
     def spec_cycle(s):
         kc = jax.random.fold_in(key, s["cycle"])
         k_noise, k_draw, k_acc = jax.random.split(kc, 3)
         active = ~s["done"]
         c, n = s["cache"], s["n"]
-        logits_d, kv_d = draft_pass(params, lora_params, c, s["seed"], n, k_noise, config=config, draft_length=F,
-                                    drafter=drafter, lora=lora)
+        logits_d, _ = draft_pass(params, lora_params, c, s["seed"], n, k_noise, config=config, draft_length=F,
+                                 drafter=drafter, lora=lora)
         # p0 needs the committed text's penalty set; for q any rule is lossless (c_j ~ q_j is all that
         # matters), so the draft rows reuse that set instead of building one per row.
         pres_d = None if s["presence"] is None else s["presence"][:, None, :]
@@ -266,12 +272,15 @@ def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array,
         else:
             logits_q = logits_d
         q = dist(logits_q[:, 1:], pres_d)
-        c = kv_cache.commit(c, kv_d, (idx_d == 0) & active[:, None])  # the seed's AR K/V only
 
-        logits_v, kv_v = model_lib.apply(params, config, drafts, n[:, None] + idx_f, cache=c)
+        # Verify `[seed, c0 … c_{F−1}]` at n−1 … n+F−1 against the cache as it is: the seed row gives its
+        # AR K/V again (the draft pass's row 0 is the same AR row), so nothing is committed between passes.
+        hidden, kv_v = model_lib.apply(params, config, jnp.concatenate([s["seed"][:, None], drafts], axis=1),
+                                       (n - 1)[:, None] + idx_o, cache=c, return_hidden=True)
+        logits_v = model_lib.lm_head(params, config, hidden[:, 1:])
         p = dist(logits_v, presence_rows(s["presence"], drafts))  # p_1 … p_F
         m, nxt = accept_drafts(p, q, drafts[:, 1:], k_acc, greedy=greedy)
-        c = kv_cache.commit(c, kv_v, (idx_f <= m[:, None]) & active[:, None])
+        commit = (kv_v, (idx_o <= (m + 1)[:, None]) & active[:, None])  # the seed, c0 … c_m
 
         # Emitted this cycle: c0 … c_m, then the correction/bonus (m+2 tokens); cut at EOS and budget.
         ext = jnp.concatenate([drafts, jnp.zeros((b, 1), jnp.int32)], axis=1)
@@ -286,13 +295,13 @@ def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array,
         act = active.astype(jnp.int32)
         reached = (idx_f <= jnp.minimum(m + 1, F - 1)[:, None]) & active[:, None]  # c0 … c_{m+1} examined
         accepted = (idx_f <= m[:, None]) & active[:, None]
-        return dict(cache=c, seed=jnp.where(active, nxt, s["seed"]), n=jnp.where(active, n + m + 2, n), out=out,
+        return dict(seed=jnp.where(active, nxt, s["seed"]), n=jnp.where(active, n + m + 2, n), out=out,
                     logprobs=logprobs, g=g, done=done, cycle=s["cycle"] + 1, row_cycles=s["row_cycles"] + act,
                     row_draft_cycles=s["row_draft_cycles"] + act, row_passes=s["row_passes"] + per_cycle * act,
                     loop_passes=s["loop_passes"] + per_cycle, accepted_sum=s["accepted_sum"] + jnp.sum((m + 1) * act),
                     accepted_at=s["accepted_at"] + accepted.sum(0).astype(jnp.int32),
                     reached_at=s["reached_at"] + reached.sum(0).astype(jnp.int32),
-                    presence=decoding.add_presence(s["presence"], new, write))
+                    presence=decoding.add_presence(s["presence"], new, write)), commit
 
     def ar_cycle(s):
         # One AR pass over the seed: c0 ~ p0 is emitted and becomes the next seed (its K/V is committed
@@ -306,18 +315,22 @@ def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array,
                                                           jnp.ones((b,), jnp.int32), logits, eos, config=config,
                                                           gcfg=gcfg)
         act = active.astype(jnp.int32)
-        return {**s, "cache": kv_cache.commit(s["cache"], kv, active[:, None]),
-                "seed": jnp.where(active, c0[:, 0], s["seed"]), "n": jnp.where(active, s["n"] + 1, s["n"]),
+        # the seed's K/V in the first of F + 1 rows, as a spec cycle's window has them
+        kv = tuple(jnp.pad(x, ((0, 0), (0, 0), (0, F), (0, 0), (0, 0))) for x in kv)
+        rest = {k: v for k, v in s.items() if k != "cache"}
+        return {**rest, "seed": jnp.where(active, c0[:, 0], s["seed"]), "n": jnp.where(active, s["n"] + 1, s["n"]),
                 "out": out, "logprobs": logprobs, "g": g, "done": s["done"] | finished, "cycle": s["cycle"] + 1,
                 "row_cycles": s["row_cycles"] + act, "row_passes": s["row_passes"] + act,
                 "loop_passes": s["loop_passes"] + 1,
-                "presence": decoding.add_presence(s["presence"], c0, write)}
+                "presence": decoding.add_presence(s["presence"], c0, write)}, (kv, (idx_o == 0) & active[:, None])
 
     def body(s):
         if draft_below is None:
-            return spec_cycle(s)
-        few = jnp.sum(~s["done"]) <= draft_below * b
-        return jax.lax.cond(few, spec_cycle, ar_cycle, s)
+            new, (kv, keep) = spec_cycle(s)
+        else:
+            few = jnp.sum(~s["done"]) <= draft_below * b
+            new, (kv, keep) = jax.lax.cond(few, spec_cycle, ar_cycle, s)
+        return {**new, "cache": kv_cache.commit(s["cache"], kv, keep)}
 
     s = jax.lax.while_loop(running(max_cycles, gcfg), body, state)
     return {"tokens": s["out"], "lengths": s["g"], "logprobs": s["logprobs"],

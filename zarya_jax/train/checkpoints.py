@@ -7,6 +7,10 @@ grain iterator state is captured synchronously at save time. Directories appear 
 name only once complete (Orbax writes to a temporary name, then renames), so a killed run resumes
 from the last complete checkpoint.
 
+Another mesh: a checkpoint restores onto any mesh, device count or host count (Orbax reads each array
+into the shardings it is asked for; the data iterator's state is the same on every host, `DataHandler`),
+so a run preempted on one slice continues on another with the same global batch.
+
 Integrity (`nn.integrity`): the meta record of every checkpoint holds a checksum of each array of the
 state, computed from the live state when the save starts, and of the data iterator's state. A restore
 first checks the saved shapes against the state it is asked to fill (a config that changes them is
@@ -15,7 +19,10 @@ on what was read. Damage is one `CheckpointError` naming the checkpoint director
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+from typing import Any
 
 import grain
 import jax
@@ -24,6 +31,50 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
 from ..nn.integrity import CheckpointError, array_checksums, compare, describe_error, json_checksum
+
+
+class DataHandler(grain.checkpoint.CheckpointHandler):
+    """grain's iterator handler (one `process_<i>-of-<n>.json` per host) that also restores a checkpoint
+    written by another number of hosts.
+
+    The training pipeline's iterator state is the same on every host whatever their number
+    (`data.pipeline.make_dataset`: host p of P takes its rows of each global batch, so the state counts
+    global batches), so a host with no file of its own takes the saved one, after checking that every
+    saved host's state is the same (a pipeline with per-host positions would be refused, not misread)."""
+
+    def restore(self, directory, item=None, args=None):
+        item = item or args.item
+        if (directory / f"process_{jax.process_index()}-of-{jax.process_count()}.json").exists():
+            return super().restore(directory, item=item)
+        state = shared_data_state(directory)
+        item.set_state(json.loads(state) if isinstance(item, grain.DatasetIterator) else state.encode())
+        item.start_prefetch()
+        return item
+
+
+@ocp.args.register_with_handler(DataHandler, for_save=True)
+@dataclasses.dataclass
+class DataSave(ocp.args.CheckpointArgs):
+    item: Any
+
+
+@ocp.args.register_with_handler(DataHandler, for_restore=True)
+@dataclasses.dataclass
+class DataRestore(ocp.args.CheckpointArgs):
+    item: Any
+
+
+def shared_data_state(directory) -> str:
+    """The iterator state (JSON text) that every host of the saving run wrote to `directory`; raises
+    CheckpointError when there is none or when the hosts' states differ."""
+    files = sorted(directory.glob("process_*-of-*.json"))
+    states = {f.read_text() for f in files}
+    if len(states) != 1:
+        raise CheckpointError(f"data iterator state in {directory}: " + (
+            "no process_*-of-*.json file" if not files else
+            f"the {len(files)} hosts that saved it hold different positions, so it cannot be restored on "
+            "another number of hosts"))
+    return states.pop()
 
 
 class RunCheckpointer:
@@ -39,7 +90,7 @@ class RunCheckpointer:
             create=True)
         self.manager = ocp.CheckpointManager(
             self.directory, options=options, item_names=("state", "data", "meta"),
-            item_handlers={"state": ocp.StandardCheckpointHandler(), "data": grain.checkpoint.CheckpointHandler(),
+            item_handlers={"state": ocp.StandardCheckpointHandler(), "data": DataHandler(),
                            "meta": ocp.JsonCheckpointHandler()})
 
     def latest_step(self) -> int | None:
@@ -48,7 +99,7 @@ class RunCheckpointer:
     def save(self, step: int, state, data_iterator, meta: dict, eval_loss: float | None = None) -> None:
         meta = {**meta, "checksums": array_checksums(state), "data_checksum": json_checksum(data_iterator.get_state())}
         args = ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                  data=grain.checkpoint.CheckpointSave(data_iterator),
+                                  data=DataSave(data_iterator),
                                   meta=ocp.args.JsonSave(meta))
         metrics = {"eval_loss": float(eval_loss)} if eval_loss is not None else None
         self.manager.save(step, args=args, metrics=metrics, force=True)
@@ -84,7 +135,7 @@ class RunCheckpointer:
         try:
             out = self.manager.restore(step, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(abstract_state),
-                data=grain.checkpoint.CheckpointRestore(data_iterator)))
+                data=DataRestore(data_iterator)))
         except Exception as e:  # truncated / corrupt files fail deep inside TensorStore or grain
             raise CheckpointError(f"checkpoint {where} is damaged: {describe_error(e)}") from None
         if verify:

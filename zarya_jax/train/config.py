@@ -98,6 +98,12 @@ RESUMABLE_CHANGES = {
     "train.distributed", "train.peak_flops", "train.progress_bar", "train.tracker", "train.tracker_project",
     "train.tracker_group", "train.tracker_run", "train.verify_checkpoints", "train.divergence",
     "data.read_threads", "data.prefetch",
+    # The mesh: the run is defined by its global batch (data.batch_size, still compared), not by the devices
+    # that compute it. Orbax restores the state onto the new mesh's shardings, the data iterator's position
+    # is the same on every host whatever their number (`train.checkpoints`), and the step's math does not
+    # depend on the layout (micro-batches are strided rows, random draws are sharding-independent), so the
+    # losses continue as on the old mesh to float rounding (all-reduce order).
+    *(f"mesh.{f.name}" for f in dataclasses.fields(MeshConfig)),
 }
 
 

@@ -116,7 +116,8 @@ def train_draft_model(cfg: DraftModelRunConfig, base: str, workdir: str, *, forc
     settings = _settings(base, model, cfg.draft)
     frozen = objective = None
     if cfg.draft.loss == "tv":
-        frozen, _ = ckpt_lib.load(base, verify=run.train.verify_checkpoints)
+        verify = run.train.verify_checkpoints
+        frozen = lambda mesh: ckpt_lib.load(base, mesh=mesh, verify=verify)[0]  # straight onto the run's mesh
         objective = distill_objective(model, base_config, cfg.draft)
     else:
         objective = ar_objective(model)

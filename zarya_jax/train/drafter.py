@@ -3,7 +3,8 @@
 `DrafterRunConfig` is the entry point's config tree: the trainer's sections (the model comes from the
 base checkpoint) plus `lora` (rank, alpha and the noise convention the adapter is trained and sampled
 with) and `drafter` (block curriculum, loss weights, `objective` tv | dcd) and `dcd` (consistency distillation:
-teacher passes, refresh period, divergence, weight of the drafter loss, start; `objectives.dcd`). `train_drafter` loads and freezes the base,
+teacher passes, refresh period, divergence, weight of the drafter loss, start; `objectives.dcd`). `train_drafter` loads and freezes the base
+(read by the loop straight onto the run's mesh, `checkpoint.load(mesh=)`: no device holds it whole),
 trains only the adapter (sharded, checkpointed, resumable like any run) and saves it to
 WORKDIR/adapter/ (`nn.lora.save`); WORKDIR/drafter.json records the settings. The settings and the
 content of the base checkpoint (its checksums, not its path) are part of the run's identity
@@ -90,7 +91,7 @@ def train_drafter(cfg: DrafterRunConfig, base: str, workdir: str, *, force: bool
     if recorded is not None and PromptFormat.of(run.data) == PromptFormat():  # render as the base was trained
         run = run.replace(data=dataclasses.replace(run.data, **dataclasses.asdict(recorded)))
     settings = _settings(base, cfg)
-    base_params, _ = ckpt_lib.load(base, verify=run.train.verify_checkpoints)
+    verify = run.train.verify_checkpoints
     model_config, lora = run.model, cfg.lora
     lora_lib.check_lora(jax.eval_shape(lambda: lora_lib.init_lora(model_config, lora, jax.random.PRNGKey(0))),
                         model_config, lora)  # a layer selection the base lacks: refused before training
@@ -100,7 +101,8 @@ def train_drafter(cfg: DrafterRunConfig, base: str, workdir: str, *, force: bool
         objective = drafter_objective(model_config, lora, cfg.drafter)
     summary = train(run, workdir, force=force, objective=objective,
                     init_params=lambda key: lora_lib.init_lora(model_config, lora, key),
-                    frozen_params=base_params, hooks=hooks, return_state=True,
+                    frozen_params=lambda mesh: ckpt_lib.load(base, mesh=mesh, verify=verify)[0], hooks=hooks,
+                    return_state=True,
                     identity_extra=_identity(base, json.loads(json.dumps(settings))))
     atomic_write_json(os.path.join(workdir, "drafter.json"), settings)
     state = summary.pop("state")

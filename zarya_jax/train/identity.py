@@ -1,9 +1,9 @@
 """What makes a workdir's checkpoints "the same run": the config, and the content of the files it names.
 
-A resumed run must be the run that wrote the checkpoints: same config (logging and checkpoint intervals
-and the other `config.RESUMABLE_CHANGES` may differ) and same data. Files are compared by content, not
-by how their path is spelled: `./runs/b` and `$PWD/runs/b`, a symlink, or a workdir moved with its data
-(the quickstart keeps its data inside the workdir) all resume. A file with the same path but new
+A resumed run must be the run that wrote the checkpoints: same config (logging and checkpoint intervals,
+the mesh and the other `config.RESUMABLE_CHANGES` may differ; the global batch may not) and same data.
+Files are compared by content, not by how their path is spelled: `./runs/b` and `$PWD/runs/b`, a
+symlink, or a workdir moved with its data (the quickstart keeps its data inside the workdir) all resume. A file with the same path but new
 content (regenerated data) does not, because the saved data-iterator position refers to the old one.
 
 `WORKDIR/run_config.json` holds the config and `WORKDIR/fingerprint.json` the content fingerprints of
@@ -92,6 +92,9 @@ def check_workdir(run: rc.RunConfig, workdir: str, force: bool, extra: dict | No
         raise ConfigError(f"workdir {workdir!r} holds checkpoints but no {CONFIG_FILE}: refusing to resume "
                           f"(use --force, or another --workdir)")
     changes = differences(run, workdir, extra)
+    if any(c.startswith("data.batch_size:") for c in changes):
+        changes.append("the global batch (data.batch_size) defines the run's data order and steps; a resumed run "
+                       "may change its mesh, devices or hosts (mesh.*), not its global batch")
     if changes:
         raise ConfigError(f"workdir {workdir!r} holds a run with a different config; refusing to resume "
                           f"(use --force to resume anyway, or another --workdir). Differences: " + "; ".join(changes))

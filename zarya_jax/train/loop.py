@@ -8,7 +8,8 @@ at the end, the objective's export of the final params.
 
 Resuming is the default: a workdir with checkpoints continues from the latest one, exactly (same
 params, optimizer state, step, PRNG and data position), provided it is the same run: same config and
-same data content (`train.identity`; else `ConfigError`, unless `force=True`). The workdir's record of
+same data content (`train.identity`; else `ConfigError`, unless `force=True`). The mesh, device count
+and host count may differ from the run that wrote the checkpoint; the global batch may not. The workdir's record of
 the run is rewritten only once the state is restored, so a refused or failed (forced) resume changes
 nothing. Every checkpoint read is verified against its checksums (`train.verify_checkpoints`). SIGTERM/
 SIGINT finish the current step, save a checkpoint and return with `status='interrupted'` — on several
@@ -184,6 +185,16 @@ def _initial_state(setup: _Setup, ckpt: RunCheckpointer, train_iter, init_params
     return jax.jit(lambda k: init_state(init_fn(k), optimizer, run_key, carry), out_shardings=state_sh)(init_key)
 
 
+def _frozen_on_mesh(frozen_params: Any, mesh) -> tuple[Any, Any]:
+    """(the frozen tree on `mesh`, its shardings): `frozen_params` is None, a tree (placed by the params'
+    rules) or a function mesh -> tree that loads it there itself."""
+    if frozen_params is None:
+        return None, None
+    tree = frozen_params(mesh) if callable(frozen_params) else frozen_params
+    sh = shd.tree_shardings(tree, mesh)
+    return jax.device_put(tree, sh), sh  # a no-op for leaves already on their shardings
+
+
 def _evaluator(setup: _Setup, steps: StepCache, frozen, total: int) -> Evaluator | None:
     """The held-out loss every `train.eval_every` steps, on up to `train.eval_batches` fixed batches."""
     run = setup.run
@@ -214,11 +225,13 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
 
     objective: default Zarya's hybrid loss for `run.zarya`. init_params: the trainable tree, or a
     function key -> tree (default: `model.init_params`, or `train.init_from`'s params). frozen_params:
-    a tree passed to the loss but not trained (e.g. the AR base under a LoRA drafter); give it again
-    when resuming. hooks: more `train.hooks.Hook`s, run after the built-in ones (eval, metrics log,
-    progress bar, checkpoint, export of the final params when the objective has an export and
-    `train.export_final`). identity_extra: more JSON that identifies the run (compared on resume like
-    the config, e.g. a drafter's settings and the content of its base checkpoint).
+    a tree passed to the loss but not trained (e.g. the AR base under a LoRA drafter), or a function
+    mesh -> tree that reads it straight onto the run's mesh (e.g. `checkpoint.load(path, mesh=mesh)`,
+    so no device holds it whole); give it again when resuming. hooks: more `train.hooks.Hook`s, run
+    after the built-in ones (eval, metrics log, progress bar, checkpoint, export of the final params
+    when the objective has an export and `train.export_final`). identity_extra: more JSON that
+    identifies the run (compared on resume like the config, e.g. a drafter's settings and the content
+    of its base checkpoint).
     """
     t0 = time.perf_counter()
     shd.maybe_initialize_distributed(run.train.distributed)
@@ -240,8 +253,7 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
         abstract_state = jax.eval_shape(lambda k: init_state(init_fn(k), optimizer, run_key, objective.init_carry),
                                         init_key)
         state_sh = state_shardings(abstract_state, optimizer, mesh)
-        frozen_sh = None if frozen_params is None else shd.tree_shardings(frozen_params, mesh)
-        frozen = None if frozen_params is None else jax.device_put(frozen_params, frozen_sh)
+        frozen, frozen_sh = _frozen_on_mesh(frozen_params, mesh)
         train_iter = iter(data_lib.make_dataset(setup.splits.train, run.data, local_batch=setup.local_batch,
                                                 pad_id=setup.tokenizer.pad_id, process_index=jax.process_index(),
                                                 process_count=jax.process_count()))

@@ -10,9 +10,12 @@ Every param dim carries a *logical* axis name, declared where the model creates 
 (`zarya_jax.nn.model`, with `nn.partitioning.declare`) and read back by path (`declared_axes`), and ONE
 table (`RULES`, in `zarya_jax.nn.partitioning`, where the model's fused attention reads it too) maps
 logical names to mesh axes. Changing the parallelism layout means editing `RULES` or the mesh sizes,
-never the model. A parameter with no declaration, or a name with no rule, is an error naming its path
-(never silently replicated). A dim whose size is not divisible by its mesh axes is left unsharded
-(replicated) rather than failing, so tiny test models run on any mesh.
+never the model. A parameter with no declaration, a name with no rule, or a dim whose size does not
+divide its mesh axes is an error naming its path (never silently replicated); batches stay lenient.
+
+The device order of a mesh depends only on the devices and the mesh shape, never on the number of
+processes (`device_grid`), so a program compiled from one process (e.g. for TPU topology devices) uses
+the layout of the multi-host run.
 """
 from __future__ import annotations
 
@@ -79,22 +82,35 @@ def resolve_mesh_shape(config: MeshConfig, num_devices: int) -> tuple[int, int, 
     return tuple(sizes)
 
 
+def device_grid(shape: Sequence[int], devices: Sequence[jax.Device]) -> np.ndarray:
+    """`devices` arranged as a `shape` array, the same in every process and for any process count.
+
+    Accelerators: `mesh_utils.create_device_mesh` (TPU: the last, fastest-varying axis on the nearest
+    chips of the torus, independent of the order `devices` come in; it handles multi-host pods), splitting
+    a physical axis when the shape needs it (e.g. 2 × 8 on a 4 × 4 slice); a device set it cannot place
+    (a partial slice) keeps the order given. CPU: the order given."""
+    if devices[0].platform == "cpu":
+        return np.asarray(devices).reshape(shape)
+    try:
+        return mesh_utils.create_device_mesh(shape, devices)
+    except (ValueError, NotImplementedError, AssertionError):
+        try:
+            return mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+        except (ValueError, NotImplementedError, AssertionError):
+            return np.asarray(devices).reshape(shape)
+
+
 def make_mesh(config: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A `Mesh` over ('data', 'fsdp', 'tensor'); tensor is the fastest-varying (intra-host) axis."""
+    """A `Mesh` over ('data', 'fsdp', 'tensor'); tensor is the fastest-varying (intra-host) axis.
+    `devices` (default: all of them) may be another target's, e.g. TPU topology devices
+    (`jax.experimental.topologies`) to compile for on a CPU host; their order is `device_grid`'s."""
     devices = list(jax.devices() if devices is None else devices)
     if config.num_devices != -1:
         if config.num_devices > len(devices):
             raise ConfigError(f"mesh.num_devices={config.num_devices} but only {len(devices)} devices exist")
         devices = devices[: config.num_devices]
     shape = resolve_mesh_shape(config, len(devices))
-    if config.num_devices == -1 and jax.process_count() == 1:
-        try:  # topology-aware device order on real accelerators
-            arr = mesh_utils.create_device_mesh(shape, devices)
-        except Exception:  # noqa: BLE001 - e.g. CPU devices; plain order is fine there
-            arr = np.asarray(devices).reshape(shape)
-    else:
-        arr = np.asarray(devices).reshape(shape)
-    return Mesh(arr, MESH_AXES)
+    return Mesh(device_grid(shape, devices), MESH_AXES)
 
 
 def logical_axes(path: str, ndim: int, declared: dict | None = None) -> tuple[str | None, ...]:
@@ -111,13 +127,13 @@ def logical_axes(path: str, ndim: int, declared: dict | None = None) -> tuple[st
 
 
 def tree_shardings(tree, mesh: Mesh, rules: dict = RULES, declared: dict | None = None):
-    """NamedShardings for a params-like pytree (arrays or ShapeDtypeStructs): each leaf's declared logical
-    axes (`logical_axes`) through `rules`. Raises ConfigError naming a leaf without a declaration or with
-    an axis `rules` lacks."""
+    """NamedShardings for a params-like pytree (arrays, ShapeDtypeStructs or tracers): each leaf's declared
+    logical axes (`logical_axes`) through `rules`. Raises ConfigError naming a leaf without a declaration,
+    with an axis `rules` lacks, or with a dim that does not divide its mesh axes (`spec_for`, strict)."""
     def one(path, leaf):
         shape, name = np.shape(leaf), path_str(path)
         axes = logical_axes(name, len(shape), declared)
-        return NamedSharding(mesh, spec_for(shape, axes, mesh, rules, what=f"param {name!r}"))
+        return NamedSharding(mesh, spec_for(shape, axes, mesh, rules, what=f"param {name!r}", strict=True))
 
     return jax.tree_util.tree_map_with_path(one, tree)
 

@@ -18,7 +18,8 @@ loop then stops with `NonFiniteError`, so no broken state is ever checkpointed. 
 `param_norm`, the updated params' global norm, for the divergence checks (`train.divergence`). The state is donated
 into the jitted step (its buffers are reused for the new state: one copy of params and Adam moments in
 memory). Steps are traced with the mesh as the context mesh, so the model's fused attention kernels run
-per shard (`nn.attention`).
+per shard (`nn.attention`). Gradients are constrained to their params' shardings (`_sharded_like`): each
+is reduce-scattered to its FSDP/tensor shard, never left whole on every device.
 """
 from __future__ import annotations
 
@@ -74,6 +75,14 @@ def _where_tree(pred, a, b):
     return jax.tree.map(lambda x, y: jnp.where(pred, x, y), a, b)
 
 
+def _sharded_like(grads, mesh):
+    """`grads` (a params-like pytree) constrained to the params' shardings (`shd.tree_shardings`, the
+    same as the state's), so each gradient is summed over the batch shards straight onto its own shard (a
+    reduce-scatter) rather than left to the partitioner's propagation, which may keep one whole on every
+    device (e.g. the tied embedding's [vocab, d] f32 gradient, or an accumulation carry)."""
+    return jax.lax.with_sharding_constraint(grads, shd.tree_shardings(grads, mesh))
+
+
 def make_train_step(objective: Objective, optimizer, optim_config: OptimConfig, total_steps: int, mesh,
                     trainable_mask=None):
     """Returns step(state, frozen, batch, static) -> (state, metrics). Pure; jitted by `StepCache`.
@@ -98,7 +107,10 @@ def make_train_step(objective: Objective, optimizer, optim_config: OptimConfig, 
             loss, metrics = objective.loss_fn(p, frozen, mb, k, info)
             return loss.astype(jnp.float32), metrics
 
-        grad_fn = jax.value_and_grad(loss_of, has_aux=True)
+        def grad_fn(p, mb, k):
+            (loss, metrics), grads = jax.value_and_grad(loss_of, has_aux=True)(p, mb, k)
+            return (loss, metrics), _sharded_like(grads, mesh)
+
         if accum == 1:
             (loss, metrics), grads = grad_fn(params, batch, key)
         else:
