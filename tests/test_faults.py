@@ -28,6 +28,7 @@ from zarya_jax.eval import tasks
 from zarya_jax.files import OutputPathError, atomic_directory, atomic_write_json, check_output
 from zarya_jax.nn import integrity
 from zarya_jax.train.divergence import DivergenceConfig, DivergenceDetector
+from zarya_jax.testing import write_sum_records
 
 from test_bad_inputs import flip_bytes, largest_file, snapshot
 
@@ -52,11 +53,7 @@ def run(capsys, args):
 
 
 def write_data(path):
-    rng = np.random.default_rng(0)
-    with open(path, "w") as f:
-        for _ in range(16):
-            a, b = rng.integers(0, 50, 2)
-            f.write(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n")
+    write_sum_records(path, 16)
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ from zarya_jax.train.checkpoints import shared_data_state
 from zarya_jax.train.hooks import OnStep
 from zarya_jax.train.loop import train
 from zarya_jax.train.metrics import read_metrics
+from zarya_jax.testing import write_sum_records
 
 STEPS, STOP = 4, 2
 MESHES = {8: {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2},
@@ -30,13 +31,7 @@ MESHES = {8: {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2},
 
 @pytest.fixture(scope="module")
 def data_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "train.jsonl"
-    rng = np.random.default_rng(0)
-    with open(path, "w") as f:
-        for _ in range(24):
-            a, b = rng.integers(0, 50, 2)
-            f.write(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n")
-    return str(path)
+    return write_sum_records(tmp_path_factory.mktemp("data") / "train.jsonl", 24)
 
 
 def _config(data_file, devices: int, **more):

@@ -14,6 +14,7 @@ from zarya_jax.config import ConfigError
 from zarya_jax.model import init_params
 from zarya_jax.train import config as rc
 from zarya_jax.train import sharding as S
+from zarya_jax.testing import write_sum_records
 
 
 def _norm(spec):
@@ -176,14 +177,6 @@ def test_global_batch_from_host_data():
     np.testing.assert_array_equal(np.asarray(g), x)
 
 
-def _write_data(path):
-    rng = np.random.default_rng(0)
-    with open(path, "w") as f:
-        for _ in range(32):
-            a, b = rng.integers(0, 50, 2)
-            f.write(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n")
-
-
 # Shared with test_train.py's resume test (same compiled step through the session's compile cache).
 # Adam's eps is large so that the update is a smooth function of the gradient: with eps=1e-8, leaves
 # whose gradient is near zero turn reduction-order noise into lr-sized differences.
@@ -194,7 +187,7 @@ COMMON = {"data.max_length": 24, "data.batch_size": 8, "optim.grad_accum_steps":
 
 
 def test_sharded_training_matches_one_device(tmp_path, compile_cache):
-    _write_data(tmp_path / "d.jsonl")
+    write_sum_records(tmp_path / "d.jsonl", 32)
     base = {**COMMON, "data.train": str(tmp_path / "d.jsonl"), "train.save_every": 0}
     from zarya_jax.train.loop import train
 

@@ -25,19 +25,14 @@ from zarya_jax.train.hooks import OnStep
 from zarya_jax.train.loop import train
 from zarya_jax.train.metrics import read_metrics
 from zarya_jax.train.step import NonFiniteError
+from zarya_jax.testing import write_sum_records
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
 def data_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "train.jsonl"
-    rng = np.random.default_rng(0)
-    with open(path, "w") as f:
-        for _ in range(24):
-            a, b = rng.integers(0, 50, 2)
-            f.write(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n")
-    return str(path)
+    return write_sum_records(tmp_path_factory.mktemp("data") / "train.jsonl", 24)
 
 
 # Same step as test_sharding.py's 8-device run (one compile for both through the cache).

@@ -22,6 +22,7 @@ models with their weights copied into our params.
 from __future__ import annotations
 
 import functools
+import json
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +39,17 @@ TINY = ModelConfig(vocab_size=264, hidden_size=64, intermediate_size=128, num_la
                    head_dim=16, max_position_embeddings=512, mask_token_id=259, eos_token_id=258, pad_token_id=256)
 LETTERS = 97  # 'a'
 ALPHABET = 26
+
+
+def write_sum_records(path, count: int, seed: int = 0) -> str:
+    """`count` JSONL records "a+b=" → "a+b" (a, b < 50, drawn in order from `seed`) at `path`: the small
+    training file the trainer's tests share. Returns the path as a string."""
+    rng = np.random.default_rng(seed)
+    with open(path, "w") as f:
+        for _ in range(count):
+            a, b = rng.integers(0, 50, 2)
+            f.write(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n")
+    return str(path)
 
 
 def tiny_config(**changes) -> ModelConfig:
