@@ -18,8 +18,10 @@ loop then stops with `NonFiniteError`, so no broken state is ever checkpointed. 
 `param_norm`, the updated params' global norm, for the divergence checks (`train.divergence`). The state is donated
 into the jitted step (its buffers are reused for the new state: one copy of params and Adam moments in
 memory). Steps are traced with the mesh as the context mesh, so the model's fused attention kernels run
-per shard (`nn.attention`). Gradients are constrained to their params' shardings (`_sharded_like`): each
-is reduce-scattered to its FSDP/tensor shard, never left whole on every device.
+per shard (`nn.attention`). Gradients are constrained to their params' shardings (`_sharded_like`), so each
+ends on its own FSDP/tensor shard. The constraint says where a gradient lives, not how it is summed: the
+TPU compiler still all-reduces the tied embedding's whole gradient inside the blockwise loss before
+slicing it (measured at qwen3-0.6b; docs/parallelism.md).
 """
 from __future__ import annotations
 
@@ -77,9 +79,8 @@ def _where_tree(pred, a, b):
 
 def _sharded_like(grads, mesh):
     """`grads` (a params-like pytree) constrained to the params' shardings (`shd.tree_shardings`, the
-    same as the state's), so each gradient is summed over the batch shards straight onto its own shard (a
-    reduce-scatter) rather than left to the partitioner's propagation, which may keep one whole on every
-    device (e.g. the tied embedding's [vocab, d] f32 gradient, or an accumulation carry)."""
+    same as the state's), so no gradient (or accumulation carry) is left whole on every device by the
+    partitioner's propagation."""
     return jax.lax.with_sharding_constraint(grads, shd.tree_shardings(grads, mesh))
 
 
