@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
@@ -52,13 +53,19 @@ def run_cli(fn: Callable[[list[str] | None], object], argv: list[str] | None) ->
     return 0
 
 
-def check_new_output(out: str, inputs: dict | None = None) -> str:
-    """Absolute output path; refuses one that exists (nothing is ever overwritten), that lies inside one
-    of the `inputs` ({flag: path}: the converter's source directories) or cannot be written."""
+def check_new_output(out: str, inputs: dict | None = None, *, empty_ok: bool = False) -> str:
+    """Absolute output path; refuses one that exists (nothing is ever overwritten; with `empty_ok` an
+    empty directory is accepted, the output takes its place), that lies inside one of the `inputs`
+    ({flag: path}: the converter's source directories) or cannot be written. Missing parent
+    directories are fine: the output's are created."""
     check_output(out, inputs or {}, "--out")
     out = os.path.abspath(out)
     if os.path.lexists(out):
-        raise ConversionError(f"output path {out!r} already exists: choose a new path or remove it")
+        if not empty_ok:
+            raise ConversionError(f"output path {out!r} already exists: choose a new path or remove it")
+        if not os.path.isdir(out) or os.path.islink(out) or os.listdir(out):
+            raise ConversionError(f"output path {out!r} already exists and is not an empty directory: choose a new "
+                                  "path or an empty directory")
     check_writable_dir(out, "--out")
     return out
 
@@ -86,14 +93,55 @@ def copy_tokenizer_files(src: str, dst: str) -> list[str]:
 
 
 @contextmanager
+def taking_over_empty(out: str) -> Iterator[None]:
+    """Lets the output be renamed to `out` when `out` is an empty directory (`check_new_output(empty_ok=True)`):
+    removes it (`rmdir`, which refuses a directory that is no longer empty) and puts it back if the block fails."""
+    taken = os.path.isdir(out) and not os.path.islink(out)
+    if taken:
+        try:
+            os.rmdir(out)
+        except OSError as e:
+            raise ConversionError(f"output path {out!r} is no longer an empty directory ({e.strerror}): choose a "
+                                  "new path or an empty directory") from None
+    try:
+        yield
+    except BaseException:
+        if taken and not os.path.lexists(out):
+            os.mkdir(out)
+        raise
+
+
+@contextmanager
 def staging_dir(out: str) -> Iterator[str]:
-    """A temp directory next to `out`, renamed to `out` on success and removed on any failure."""
-    parent = os.path.dirname(out)
-    if not os.path.isdir(parent):
-        raise ConversionError(f"parent directory {parent!r} of the output does not exist")
-    with atomic_directory(out) as tmp:
+    """A temp directory next to `out` (parent directories created), renamed to `out` on success and removed
+    on any failure; an empty directory at `out` is replaced (`taking_over_empty`)."""
+    with taking_over_empty(out), atomic_directory(out) as tmp:
         yield tmp
 
 
+class Progress:
+    """Progress of a long conversion on stderr, one line at a time (logs and pipes keep them readable):
+    `LABEL: 120.0/596.0 MB (20%), 14/28 tensors, 9 s`, the first update, then at most one every `every`
+    seconds, and the last (100%)."""
+
+    def __init__(self, label: str, total_bytes: int, total_items: int, unit: str = "tensors", every: float = 3.0):
+        self.label, self.unit, self.every = label, unit, every
+        self.total_bytes, self.total_items = total_bytes, total_items
+        self.bytes = self.items = 0
+        self.start = time.monotonic()
+        self.last: float | None = None
+
+    def advance(self, nbytes: int, items: int = 1) -> None:
+        self.bytes += nbytes
+        self.items += items
+        now = time.monotonic()
+        done = self.items >= self.total_items
+        if done or self.last is None or now - self.last >= self.every:
+            self.last = now
+            share = 100 * self.bytes // self.total_bytes if self.total_bytes else 100  # floored: 100 means done
+            note(f"{self.label}: {self.bytes / 1e6:,.1f}/{self.total_bytes / 1e6:,.1f} MB ({share}%), "
+                 f"{self.items}/{self.total_items} {self.unit}, {now - self.start:.0f} s")
+
+
 def note(message: str) -> None:
-    print(message, file=sys.stderr)
+    print(message, file=sys.stderr, flush=True)

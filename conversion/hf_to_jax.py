@@ -9,15 +9,19 @@ each param is a `checkpoint.Lazy` leaf, allocated and filled layer by layer only
 and released before the next, and each safetensors file is opened only for one read so its mapped
 pages are released at once. Peak memory stays near the largest stacked param plus the imports.
 `--add-mask-token` gives `<mdm_mask>` the first embedding row no token uses (Qwen3: 151669 of 151936, the
-vocabulary unchanged) or, without one, appends a row (docs/algorithms.md §1). Index entries must name files inside the
-directory; integer tensors are refused (weights are floating point), and a cast that loses precision
-(e.g. float32 tensors into a bfloat16 checkpoint) is named on stderr.
+vocabulary unchanged) or, without one, appends a row (docs/algorithms.md §1). The directory's tokenizer
+files travel with the checkpoint (`CKPT/tokenizer/`, `checkpoint.tokenizer_dir`), with `<mdm_mask>`
+registered at the model's mask id; `bos_token_id`, `eos_token_id` and `pad_token_id` are kept in its
+config. Index entries must name files inside the directory; integer tensors are refused (weights are
+floating point), and a cast that loses precision (e.g. float32 tensors into a bfloat16 checkpoint) is
+named on stderr, as is the progress, a line every few seconds. `--out` may be new (parent directories
+are created) or an empty directory.
 """
 from __future__ import annotations
 
 import argparse
 import glob
-import json
+import math
 import os
 import tempfile
 
@@ -28,9 +32,9 @@ from zarya_jax import checkpoint
 from zarya_jax.config import ModelConfig, from_hf_dict
 from zarya_jax.nn import hf_params
 
-from . import ConversionError, copy_tokenizer_files, check_new_output, note, read_json, run_cli
-
-MASK_TOKEN = "<mdm_mask>"
+from . import (TOKENIZER_FILES, ConversionError, Progress, check_new_output, copy_tokenizer_files, note, read_json,
+               run_cli, taking_over_empty)
+from .mask_token import MASK_TOKEN, register_mask_token, tokenizer_length, tokenizer_mask_id  # noqa: F401 (re-exported)
 _PICKLE_FILES = ("pytorch_model.bin.index.json", "pytorch_model.bin")
 
 
@@ -208,29 +212,30 @@ def _shape(config: ModelConfig, e: hf_params.Entry, extra_rows: int) -> tuple[in
     return shape
 
 
-def lazy_params(source, config: ModelConfig, extra_rows: int = 0, mask_row: tuple[int, int] | None = None) -> dict:
-    """The params pytree of `checkpoint.Lazy` leaves: each param is read from `source` when it is saved."""
-    params: dict = {}
+def lazy_params(source, config: ModelConfig, extra_rows: int = 0, mask_row: tuple[int, int] | None = None,
+                label: str | None = None) -> dict:
+    """The params pytree of `checkpoint.Lazy` leaves: each param is read from `source` when it is saved
+    (and, with `label`, counted in a `Progress` line on stderr)."""
     dtype = np.dtype(config.jnp_param_dtype)
+    shapes = {e.path: _shape(config, e, extra_rows) for e in hf_params.entries(config)}
+    progress = None if label is None else Progress(
+        label, sum(math.prod(shape) for shape in shapes.values()) * dtype.itemsize, len(shapes), unit="params")
+
+    def make(e: hf_params.Entry) -> np.ndarray:
+        arr = read_param(source, config, e, extra_rows, mask_row)
+        if progress is not None:
+            progress.advance(arr.nbytes)
+        return arr
+
+    params: dict = {}
     for e in hf_params.entries(config):
-        hf_params.set_path(params, e.path, checkpoint.Lazy(
-            _shape(config, e, extra_rows), dtype, lambda e=e: read_param(source, config, e, extra_rows, mask_row)))
+        hf_params.set_path(params, e.path, checkpoint.Lazy(shapes[e.path], dtype, lambda e=e: make(e)))
     return params
 
 
-def tokenizer_length(tok_dir: str) -> int | None:
-    """1 + the highest token id of a tokenizer.json, added tokens included (Qwen3: 151669, its
-    `len(tokenizer)`): the embedding rows from there on belong to no token. None without a tokenizer."""
-    file = os.path.join(tok_dir, "tokenizer.json")
-    if not os.path.isfile(file):
-        return None
-    from tokenizers import Tokenizer
-
-    try:
-        ids = Tokenizer.from_file(file).get_vocab(with_added_tokens=True).values()
-    except Exception as e:  # the tokenizers library raises its own exception type for a malformed file
-        raise ConversionError(f"cannot read the tokenizer {file!r}: {e}") from e
-    return max(ids) + 1 if ids else 0
+def params_bytes(params: dict) -> int:
+    """Bytes of a pytree of `checkpoint.Lazy` leaves."""
+    return sum(math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize for _, leaf in hf_params.leaves(params))
 
 
 def choose_mask_row(vocab_size: int, tokens: int | None) -> tuple[int, int]:
@@ -243,55 +248,12 @@ def choose_mask_row(vocab_size: int, tokens: int | None) -> tuple[int, int]:
     return vocab_size, 1
 
 
-def tokenizer_mask_id(tok_dir: str) -> int | None:
-    """The id of `<mdm_mask>` in a tokenizer.json, if it has one."""
-    file = os.path.join(tok_dir, "tokenizer.json")
-    if not os.path.isfile(file):
-        return None
-    for token in read_json(file, "tokenizer").get("added_tokens", []):
-        if token.get("content") == MASK_TOKEN:
-            return int(token["id"])
-    return None
-
-
-def add_mask_to_tokenizer(tok_dir: str, mask_id: int) -> None:
-    """Registers `<mdm_mask>` as a special token with id `mask_id` (the model's row for it, `mask_row`).
-
-    The model's vocab is often larger than the tokenizer's (Qwen3: 151936 vs 151669); putting the token
-    in the tokenizer's vocab with an explicit id first makes the tokenizers library keep that id.
-    """
-    spec = {"content": MASK_TOKEN, "single_word": False, "lstrip": False, "rstrip": False,
-            "normalized": False, "special": True}
-    file = os.path.join(tok_dir, "tokenizer.json")
-    if not os.path.isfile(file):
-        raise ConversionError(f"cannot add {MASK_TOKEN} to the tokenizer in {tok_dir!r}: it has no tokenizer.json")
-    tok = read_json(file, "tokenizer")
-    vocab = tok.get("model", {}).get("vocab")
-    if not isinstance(vocab, dict):
-        raise ConversionError(f"cannot add {MASK_TOKEN} to {file!r}: its model has no token → id vocab")
-    vocab[MASK_TOKEN] = mask_id
-    tok.setdefault("added_tokens", []).append({"id": mask_id, **spec})
-    with open(file, "w") as f:
-        json.dump(tok, f, ensure_ascii=False)
-    config_file = os.path.join(tok_dir, "tokenizer_config.json")
-    if os.path.isfile(config_file):
-        tok_config = read_json(config_file, "tokenizer config")
-        tok_config.setdefault("added_tokens_decoder", {})[str(mask_id)] = spec
-        with open(config_file, "w") as f:
-            json.dump(tok_config, f, indent=2, ensure_ascii=False)
-    from tokenizers import Tokenizer
-
-    got = Tokenizer.from_file(file).token_to_id(MASK_TOKEN)
-    if got != mask_id:
-        raise ConversionError(f"{MASK_TOKEN} got id {got} in the tokenizer, expected {mask_id}")
-
-
 def convert(hf_dir: str, out: str, *, add_mask_token: bool = False, dtype: str | None = None,
             allow_pickle: bool = False) -> tuple[str, ModelConfig]:
-    """Converts an HF Qwen3 directory into a checkpoint at `out` (which must not exist)."""
+    """Converts an HF Qwen3 directory into a checkpoint at `out` (new, or an empty directory)."""
     if not os.path.isdir(hf_dir):
         raise ConversionError(f"--hf-dir {hf_dir!r} is not a directory")
-    out = check_new_output(out, {"--hf-dir": hf_dir})
+    out = check_new_output(out, {"--hf-dir": hf_dir}, empty_ok=True)
     hf = read_json(os.path.join(hf_dir, "config.json"), "model config")
     try:
         config, zarya = from_hf_dict(hf)
@@ -319,23 +281,28 @@ def convert(hf_dir: str, out: str, *, add_mask_token: bool = False, dtype: str |
                 why = "no tokenizer.json says which rows are unused" if used is None else "every row has a token"
                 note(f"{MASK_TOKEN}: {why}; appending row {mask_id} (vocabulary {config.vocab_size + 1}, which a "
                      "tensor-parallel mesh axis may not divide)")
+    params = lazy_params(source, config, extra_rows, mask, label="hf_to_jax")  # the source's vocabulary, + extra_rows
+    if mask is not None:
+        config = config.replace(vocab_size=config.vocab_size + extra_rows, mask_token_id=mask[0])
     with tempfile.TemporaryDirectory() as tmp:
-        tokenizer = None
-        if copy_tokenizer_files(hf_dir, tmp):
-            tokenizer = tmp
-            if mask is not None:
-                add_mask_to_tokenizer(tmp, mask[0])
-        params = lazy_params(source, config, extra_rows, mask)
-        if mask is not None:
-            config = config.replace(vocab_size=config.vocab_size + extra_rows, mask_token_id=mask[0])
-        checkpoint.save(out, params, config, zarya, tokenizer=tokenizer)
+        tokenizer = tmp if copy_tokenizer_files(hf_dir, tmp) else None
+        if tokenizer is None:
+            note(f"note: {hf_dir!r} has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, …): the checkpoint "
+                 "carries no tokenizer, so training and evaluating it need one named (data.tokenizer=DIR, --tokenizer)")
+        elif config.mask_token_id is not None:
+            register_mask_token(tmp, config.mask_token_id)
+        note(f"hf_to_jax: {config.num_params():,} params ({params_bytes(params) / 1e6:,.1f} MB of "
+             f"{config.param_dtype}) from {hf_dir} into {out}")
+        with taking_over_empty(out):
+            checkpoint.save(out, params, config, zarya, tokenizer=tokenizer)
     return out, config
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m conversion.hf_to_jax", description=__doc__.split("\n\n")[0])
     parser.add_argument("--hf-dir", required=True, help="Hugging Face Qwen3 model directory")
-    parser.add_argument("--out", required=True, help="checkpoint directory to create (must not exist)")
+    parser.add_argument("--out", required=True,
+                        help="checkpoint directory to create (parents are created), or an empty directory")
     parser.add_argument("--add-mask-token", action="store_true",
                         help="give <mdm_mask> the first embedding row no token uses (else append one), set to "
                              "the mean of the tokens' rows, unless the model has a mask token")

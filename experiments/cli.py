@@ -5,7 +5,9 @@
     2    bad input: one line `error: …` on stderr naming the value and what was expected, nothing written.
          Every input error of the library is a ValueError (ConfigError, DataError, CheckpointError,
          ShapeError, OutputPathError, WorkdirLocked, SweepError, …); an OSError (unreadable file, full
-         disk) counts too.
+         disk) counts too. So does a train step that does not fit the machine's memory
+         (`train.memory.OutOfMemoryError`: the estimate refused before compiling, or XLA's out-of-memory
+         error), its line naming the knobs that lower it.
     3    the run diverged (`DivergenceError`: a non-finite or exploding step, a loss spike, a vanished
          gradient); the diverged step was not saved.
     130  stopped by SIGINT (Ctrl-C)            } 128 + the signal's number; a training run saved a

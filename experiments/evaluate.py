@@ -3,7 +3,7 @@
     python -m experiments.evaluate --ckpt CKPT --data test.jsonl --modes ar,mdm,slotted,spec-self \\
         [--lora ADAPTER --modes spec-lora,spec-lora-fused] [--draft-ckpt DRAFT_CKPT --modes spec-model] [--answer final|regex|exact] [--answer-regex PAT] \\
         [--max-new-tokens 64] [--batch-size 1] [--knob slotted.slot_size=4] [--batch1-examples N] \\
-        [--diagnose [--slot-sizes 2,4,8]] [--prompt-key question] [--format FIELD=VALUE] [--out DIR]
+        [--diagnose [--slot-sizes 2,4,8]] [--prompt-key question] [--format FIELD=VALUE] [--out DIR [--force]]
 
 Records are `{"prompt", "answer"}` (other field names with `--prompt-key` / `--answer-key`, e.g. GSM8K's
 `question`) or chat `{"messages": [...]}` ending with the assistant answer. They are rendered exactly as
@@ -17,23 +17,39 @@ sampling with an independent draft model, needs `--draft-ckpt`, e.g. one from
 drafters in one forward pass per cycle, docs/algorithms.md §7.5). `--knob [MODE.]FIELD=VALUE` sets any
 `GenerationConfig` field for one mode or all (YAML values, typed; an unknown field is an error that
 names the closest ones). Per mode it reports exact-match accuracy, wall-clock generated tokens/s
-(compile time excluded and reported apart), tokens per forward pass and the speed-up over `ar`; it
-writes `summary.json` (with the arguments and the code's provenance: commit, dirty tree, package
-versions), `summary.md` and `predictions.jsonl` (one line per example and mode) to `--out` (default
-`<ckpt>_eval`). `--limit N` evaluates the first N records (0, the default, evaluates them all, as
-`eval.limit` does). `--batch1-examples N` also times the first N records at batch 1. `--diagnose` adds the
-diagnostics (`zarya_jax.eval.diagnose`: each head's teacher-forced accuracy by offset within a slot,
-where each mode's outputs first go wrong) to `summary.json` and `summary.md`.
+(compile time excluded and reported apart, in the table too), tokens per forward pass and the speed-up
+over `ar`; it writes `summary.json` (with the arguments, the evaluation's settings and their id, and the
+code's provenance: commit, dirty tree, package versions), `summary.md` and `predictions.jsonl` (one line
+per example and mode) to `--out`.
+
+Outputs never replace results. Without `--out` each evaluation writes a directory of its own,
+`<ckpt>_eval/<data>-<modes>-<id>`, the id a hash of everything that makes it distinct
+(`zarya_jax.eval.identity`: the content of the checkpoint, the records, the adapter, the draft model and
+the tokenizer; every `eval` field; each mode's resolved decoding config; the prompt format; the
+diagnostics). Run again with the same settings, it prints the stored summary and `kept DIR` without
+decoding anything; an `--out` that holds another evaluation is refused (naming what differs) unless
+`--force`, which replaces it (`--force` also recomputes the same evaluation). The directory appears
+whole, or, when it already existed, summary.json is written last: an error or a signal leaves no
+half-written result. On stderr: `compiling mode X… 12.3 s` while a mode's first batches compile, then
+a bar per mode that advances after every batch.
+
+`--limit N` evaluates the first N records (0, the default, evaluates them all, as `eval.limit` does).
+`--batch1-examples N` also times the first N records at batch 1. `--diagnose` adds the diagnostics
+(`zarya_jax.eval.diagnose`: each head's teacher-forced accuracy by offset within a slot, where each
+mode's outputs first go wrong) to `summary.json` and `summary.md`.
 
 The flags are the fields of an `eval` section (`zarya_jax.eval.evaluate.EvalConfig`, the quickstart's):
 `--set eval.FIELD=VALUE` sets any of them (e.g. `eval.limit=5`, `eval.knobs.slotted.slot_size=4`), and
-each is validated once, where the section is built. The checkpoint is read by
-`zarya_jax.inference.load_for_inference` (`--tokenizer` wins over the checkpoint's own tokenizer).
+each is validated once, where the section is built; `--set eval.ckpt=DIR` is `--ckpt DIR`. The
+checkpoint is read by `zarya_jax.inference.load_for_inference` (`--tokenizer` wins over the
+checkpoint's own tokenizer).
 
 Everything is checked before any decoding: the flags, each mode's knobs (a knob the mode does not read,
-such as `ar.slot_size` or `ar.mode`, is an error), every record, the checkpoint against its checksums
-(`--no-verify` skips that), each mode against the model and the prompts, and that `--out` can be
-written, and that it lands on none of the inputs. Exit status: 0 done, 2 bad input (one `error:` line,
+such as `ar.slot_size` or `ar.mode`, is an error), that the checkpoint has a mask token when a mode
+needs one (`mdm`, `slotted`, `spec-self`: the error names the checkpoint and `conversion.hf_to_jax
+--add-mask-token`), every record, the checkpoint against its checksums (`--no-verify` skips that),
+each mode against the model and the prompts, that `--out` can be written, that it lands on none of
+the inputs and that it holds no other evaluation. Exit status: 0 done, 2 bad input (one `error:` line,
 nothing written), 130 / 143 on Ctrl-C / SIGTERM (nothing written).
 """
 from __future__ import annotations
@@ -44,12 +60,14 @@ import os
 import re
 
 from zarya_jax import overrides
+from zarya_jax.checkpoint import load_config
 from zarya_jax.config import ConfigError, PromptFormat
-from zarya_jax.eval import answers, diagnose
-from zarya_jax.eval.evaluate import ADAPTER_MODES, MODES, EvalConfig, evaluate, parse_knobs, parse_modes, summary_markdown, write_outputs
+from zarya_jax.eval import answers, diagnose, identity
+from zarya_jax.eval.evaluate import (ADAPTER_MODES, MODES, EvalConfig, check_mask_token, check_mode_knobs, evaluate,
+                                     generation_config, parse_knobs, parse_modes, summary_markdown, write_outputs)
 from zarya_jax.eval.tasks import read_jsonl
-from zarya_jax.files import check_output, check_writable_dir
-from zarya_jax.inference import load_for_inference
+from zarya_jax.files import OutputPathError, check_output, check_writable_dir
+from zarya_jax.inference import load_for_inference, prompt_format
 from zarya_jax.provenance import provenance
 
 from . import cli
@@ -63,9 +81,9 @@ class EvaluateConfig:
 
 
 # The flags that are fields of the eval section: (field, flag), so an error names the flag the user typed.
-FLAGS = (("modes", "--modes"), ("max_new_tokens", "--max-new-tokens"), ("batch_size", "--batch-size"),
-         ("limit", "--limit"), ("answer", "--answer"), ("answer_regex", "--answer-regex"), ("seed", "--seed"),
-         ("batch1_examples", "--batch1-examples"))
+FLAGS = (("ckpt", "--ckpt"), ("modes", "--modes"), ("max_new_tokens", "--max-new-tokens"),
+         ("batch_size", "--batch-size"), ("limit", "--limit"), ("answer", "--answer"),
+         ("answer_regex", "--answer-regex"), ("seed", "--seed"), ("batch1_examples", "--batch1-examples"))
 
 OUTPUTS = ("summary.json", "summary.md", "predictions.jsonl")  # what `write_outputs` writes into --out
 
@@ -75,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 epilog=overrides.help_table(overrides.keys(EvaluateConfig)) + "\n\n"
                                 + overrides.help_table(overrides.keys(PromptFormat), "--format"),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckpt", required=True, help="checkpoint directory (zarya_jax.checkpoint.save format)")
+    p.add_argument("--ckpt", default="", help="checkpoint directory (zarya_jax.checkpoint.save format; required, "
+                   "here or as --set eval.ckpt=DIR)")
     p.add_argument("--data", required=True, help="JSONL of {prompt, answer} or {messages} records")
     p.add_argument("--modes", default="ar,mdm,slotted,spec-self", help=f"comma-separated subset of {MODES}")
     p.add_argument("--lora", default=None, help="LoRA drafter adapter directory (for spec-lora)")
@@ -95,7 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slot-sizes", default="2,4,8", help="slot sizes of the --diagnose teacher-forced MDM accuracy")
     add_format_arguments(p)
     cli.add_set_flag(p, "eval.limit=5")
-    p.add_argument("--out", default=None, help="output directory (default: <ckpt>_eval)")
+    p.add_argument("--out", default=None, help="output directory (default: <ckpt>_eval/<data>-<modes>-<id>, one per "
+                   "evaluation; a directory holding another evaluation is refused unless --force)")
+    p.add_argument("--force", action="store_true", help="replace the evaluation --out holds, or recompute the same one")
     p.add_argument("--no-verify", action="store_true",
                    help="load the checkpoint (and --lora adapter) without checking their checksums")
     return p
@@ -156,27 +177,41 @@ def slot_sizes(text: str) -> list[int]:
 def _run(args) -> int:
     ev, shared = eval_config(args)
     sizes = slot_sizes(args.slot_sizes)
+    ckpt = ev.ckpt
+    if not ckpt:
+        raise ConfigError("no checkpoint to evaluate: pass --ckpt CKPT_DIR (or --set eval.ckpt=CKPT_DIR)")
     lora_modes = [m for m in ev.modes if m in ADAPTER_MODES]
     if lora_modes and not args.lora:
         raise ValueError(f"mode {lora_modes[0]!r} needs --lora ADAPTER_DIR")
     if "spec-model" in ev.modes and not args.draft_ckpt:
         raise ValueError("mode 'spec-model' needs --draft-ckpt DRAFT_CKPT_DIR")
-    if not os.path.isdir(args.ckpt):
-        raise ValueError(f"--ckpt {args.ckpt!r} is not a directory")
-    out = args.out or os.path.join(args.ckpt.rstrip("/") + "_eval")
-    check_output(out, {"--ckpt": args.ckpt, "--data": args.data, "--lora": args.lora, "--tokenizer": args.tokenizer,
-                       "--draft-ckpt": args.draft_ckpt}, "--out", writes=OUTPUTS)
-    check_writable_dir(out, "--out")  # now, not after the decoding
-    model = load_for_inference(args.ckpt, tokenizer=args.tokenizer, adapter=args.lora,
-                               draft=args.draft_ckpt if "spec-model" in ev.modes else None,
-                               verify=not args.no_verify, format_overrides=format_overrides(args))
-    records = read_jsonl(args.data, model.prompt_format)
+    if not os.path.isdir(ckpt):
+        raise ValueError(f"{'--ckpt' if ckpt == args.ckpt else 'eval.ckpt'} {ckpt!r} is not a directory")
+    knobs = {**ev.knobs.as_dict(), **shared}
+    check_mode_knobs(ev.modes, knobs)
+    check_mask_token({m: generation_config(m, ev.max_new_tokens, knobs) for m in ev.modes}, load_config(ckpt), ckpt)
+    fmt = prompt_format(ckpt, format_overrides(args))
+    records = read_jsonl(args.data, fmt)
     if ev.limit:
         records = records[: ev.limit]
-    summary, predictions = evaluate(model, records, ev, knobs={**ev.knobs.as_dict(), **shared})
+    settings = identity.settings(ev, knobs, ckpt=ckpt, data=args.data, prompt_format=fmt, lora=args.lora,
+                                 draft_ckpt=args.draft_ckpt, tokenizer=args.tokenizer,
+                                 diagnose=sizes if args.diagnose else None)
+    record = identity.record(settings)
+    out = args.out or identity.default_out(ckpt, args.data, ev.modes, record["id"])
+    check_output(out, {"--ckpt": ckpt, "--data": args.data, "--lora": args.lora, "--tokenizer": args.tokenizer,
+                       "--draft-ckpt": args.draft_ckpt}, "--out", writes=OUTPUTS)
+    if not args.force and _kept(out, record):
+        return 0
+    check_writable_dir(out, "--out")  # now, not after the decoding
+    model = load_for_inference(ckpt, tokenizer=args.tokenizer, adapter=args.lora,
+                               draft=args.draft_ckpt if "spec-model" in ev.modes else None,
+                               verify=not args.no_verify, format_overrides=format_overrides(args))
+    summary, predictions = evaluate(model, records, ev, knobs=knobs)
     diag = diagnose.analyse(model, records, summary, predictions, sizes) if args.diagnose else None
-    extra = {"ckpt": os.path.abspath(args.ckpt), "data": os.path.abspath(args.data), "arguments": vars(args),
-             "prompt_format": overrides.to_dict(model.prompt_format), "provenance": provenance()}
+    extra = {"ckpt": os.path.abspath(ckpt), "data": os.path.abspath(args.data), "arguments": vars(args),
+             "evaluation": record, "prompt_format": overrides.to_dict(model.prompt_format),
+             "provenance": provenance()}
     if diag is not None:
         extra["diagnostics"] = diag
     markdown = summary_markdown(summary) + ("\n## Diagnostics\n\n" + diagnose.markdown(diag) if diag else "")
@@ -184,6 +219,23 @@ def _run(args) -> int:
     print(markdown)
     print(f"wrote {out}/summary.json, summary.md, predictions.jsonl")
     return 0
+
+
+def _kept(out: str, record: dict) -> bool:
+    """True (after printing its summary and `kept OUT`) when `out` already holds this very evaluation;
+    False when it holds none; an OutputPathError naming `--force` and `--out` when it holds another."""
+    held, why = identity.recorded(out, OUTPUTS)
+    if held is None:
+        return False
+    if held.get("id") == record["id"]:
+        with open(os.path.join(out, "summary.md"), encoding="utf-8") as f:
+            print(f.read())
+        print(f"kept {out}: it holds this same evaluation (pass --force to compute it again)")
+        return True
+    diff = identity.differences(held["settings"], record["settings"]) if held else []
+    why = why or "it differs in " + ", ".join(diff[:6]) + (", …" if len(diff) > 6 else "")
+    raise OutputPathError(f"--out {out!r} holds another evaluation ({why}): pass --force to replace it, or "
+                          "another --out (without --out each evaluation writes a directory of its own)")
 
 
 if __name__ == "__main__":

@@ -18,8 +18,12 @@ within it, every parameter counted, a tied embedding once; `--set model.*` still
 next-token cross-entropy, + `draft.kl_weight` × KL(q ‖ p)) or `ntp` (plain next-token loss on the data,
 the AR trainer). Run machinery as `experiments.train` (checkpoints every `train.save_every`, exact
 resume, metrics.jsonl). The data are rendered with the base checkpoint's recorded prompt format unless
-the run sets its own. Output: DIR/final (a checkpoint: `zarya_jax.checkpoint.load`,
-`experiments.evaluate --mode spec-model --draft-ckpt DIR/final`) and DIR/draft_model.json.
+the run sets its own, and read with its tokenizer (CKPT/tokenizer/; another one, named with
+--set data.tokenizer=..., must have as many tokens, or --set train.allow_tokenizer_mismatch=true); when
+CKPT is RUN/final, data.batch_size, data.max_length and optim.grad_accum_steps default to the base run's
+(RUN/run_config.json); one line says what was taken, --set overrides it. Output: DIR/final (a
+checkpoint: `zarya_jax.checkpoint.load`, `experiments.evaluate --mode spec-model --draft-ckpt DIR/final`)
+and DIR/draft_model.json.
 Exit status: 0 done, 2 bad input, 3 diverged, 128 + signal when interrupted.
 """
 from __future__ import annotations
@@ -32,6 +36,7 @@ from zarya_jax.config import LoraConfig
 from zarya_jax.nn import checkpoint as ckpt_lib
 from zarya_jax.train import config as rc
 from zarya_jax.train import draft_model as draft_run
+from zarya_jax.train import inherit
 
 from . import cli
 
@@ -72,7 +77,11 @@ def size_overrides(base: str, params: int | None, ratio: float | None, rank: int
 def _run(args) -> int:
     cli.check_workdir(args.workdir, {"--base": args.base})
     sizes = size_overrides(args.base, args.params, args.params_ratio, args.lora_rank)
-    cfg = draft_run.load_config(args.config, {**sizes, **overrides.parse_all(cli.run_overrides(args))})
+    sets = overrides.parse_all(cli.run_overrides(args))
+    inherited, note = inherit.from_base(args.base, sets, inherit.BASE_RUN_KEYS)
+    cfg = draft_run.load_config(args.config, {**inherited, **sizes, **sets})
+    if note:
+        print(note, flush=True)
     cli.check_workdir(args.workdir, {"--base": args.base, "data.train": cfg.data.train, "data.eval": cfg.data.eval})
     with cli.training_lock(args.workdir, "experiments.train_draft_model", cfg.train.distributed):
         summary = draft_run.train_draft_model(cfg, args.base, args.workdir, force=args.force)

@@ -10,9 +10,13 @@ e.g. --set lora.rank=128 --set lora.alpha=2048 --set lora.noise=uniform|mask --s
 The base checkpoint (`zarya_jax.checkpoint`) is loaded and frozen; only the adapter is trained, with
 the run machinery of `experiments.train` (data pipeline, sharding, checkpoints every
 `train.save_every`, exact resume from the latest checkpoint in DIR, metrics.jsonl / TensorBoard
-logging). The run config (`--config`, default `tiny`, plus `--set` overrides) supplies everything but
-the model, which comes from the checkpoint; `lora.*` is the adapter (its noise convention is saved
-with it and used when sampling), `drafter.*` the objective. optim.weight_decay defaults to 0 here (as
+logging). The model comes from the checkpoint, and so do the tokenizer (CKPT/tokenizer/; another one,
+named with --set data.tokenizer=..., must have as many tokens, or --set train.allow_tokenizer_mismatch=true)
+and, when CKPT is RUN/final, the base run's data.batch_size, data.max_length, optim.grad_accum_steps,
+model.dtype, model.remat and model.remat_policy (from RUN/run_config.json: what fitted the base); one line
+says what was taken. --set overrides any of them; the run config (`--config`, default `tiny`) supplies
+the rest. `lora.*` is the adapter (its noise convention is saved with it and used when sampling),
+`drafter.*` the objective. optim.weight_decay defaults to 0 here (as
 Uno). Output: DIR/adapter/adapter.safetensors (load with `zarya_jax.lora.load`) and DIR/drafter.json.
 Checkpoints (the base, the run's own) are verified against their checksums; --no-verify skips it.
 Exit status: 0 done, 2 bad input (a damaged checkpoint included), 3 diverged, 128 + signal when
@@ -26,6 +30,7 @@ import json
 from zarya_jax import overrides
 from zarya_jax.train import config as rc
 from zarya_jax.train import drafter as drafter_run
+from zarya_jax.train import inherit
 
 from . import cli
 
@@ -47,7 +52,11 @@ def main(argv=None) -> int:
 
 
 def _run(args) -> int:
-    cfg = drafter_run.load_config(args.config, cli.run_overrides(args))
+    sets = overrides.parse_all(cli.run_overrides(args))
+    inherited, note = inherit.from_base(args.base, sets, inherit.BASE_RUN_KEYS + inherit.BASE_RUNTIME_KEYS)
+    cfg = drafter_run.load_config(args.config, {**inherited, **sets})
+    if note:
+        print(note, flush=True)
     cli.check_workdir(args.workdir, {"--base": args.base, "data.train": cfg.data.train, "data.eval": cfg.data.eval})
     with cli.training_lock(args.workdir, "experiments.train_drafter", cfg.train.distributed):
         summary = drafter_run.train_drafter(cfg, args.base, args.workdir, force=args.force)

@@ -207,6 +207,186 @@ def test_add_mask_token_keeps_qwen3s_151936_rows(work, qwen3_tokenizer_dir):
     hf_tok = AutoTokenizer.from_pretrained(checkpoint.tokenizer_dir(ck), local_files_only=True)
     assert len(hf_tok) == tokens + 1 and hf_tok.convert_tokens_to_ids("<mdm_mask>") == tokens  # len: 151669 before
     assert load_tokenizer(checkpoint.tokenizer_dir(ck)).mask_id == tokens
+    # every other token keeps its id (Qwen3's added tokens 151643…151668 right below the mask), also after the
+    # tokenizer is saved again (as a trained checkpoint saves it)
+    want = AutoTokenizer.from_pretrained(qwen3_tokenizer_dir, local_files_only=True).get_vocab()
+    assert hf_tok.get_vocab() == {**want, "<mdm_mask>": tokens}
+    chat = "<|im_start|>user\nhi<|im_end|>\n<think>\n\n</think><mdm_mask>"
+    assert hf_tok.encode(chat) == [151644, 872, 198, 6023, 151645, 198, 151667, 271, 151668, tokens]
+    hf_tok.save_pretrained(work / "tok_saved_again")
+    again = AutoTokenizer.from_pretrained(work / "tok_saved_again", local_files_only=True)
+    assert again.get_vocab() == hf_tok.get_vocab() and again.encode(chat) == hf_tok.encode(chat)
+
+
+def test_mask_token_that_would_move_other_ids_is_not_added(work, qwen3_tokenizer_dir, capsys):
+    """Past the first free id, <mdm_mask> would have to enter the BPE vocabulary, which moves Qwen3's added
+    tokens by one: the tokenizer is left as it is, with a note."""
+    from conversion.mask_token import register_mask_token
+
+    tok = work / "qwen3_tok_copy"
+    shutil.copytree(qwen3_tokenizer_dir, tok)
+    before = {n: (tok / n).read_bytes() for n in os.listdir(tok)}
+    capsys.readouterr()
+    assert not register_mask_token(str(tok), 151700)
+    assert "would change other ids" in capsys.readouterr().err
+    assert {n: (tok / n).read_bytes() for n in os.listdir(tok)} == before
+
+
+# ---------------------------------------------------------------- export like the source
+
+
+def test_bf16_model_exports_bf16_and_loads_as_bf16(hf_model, ckpt, work, capsys):
+    """A model computed in bfloat16 over float32 params (as training leaves it) exports bfloat16 by default:
+    each weight is torch's own round-to-nearest-even of the float32 one, config.json says so, and transformers
+    loads bfloat16 weights; --dtype float32 keeps the params exact."""
+    params, config = checkpoint.load(ckpt)
+    ck = checkpoint.save(work / "ckpt_bf16_compute", params, config.replace(dtype="bfloat16"),
+                         tokenizer=checkpoint.tokenizer_dir(ckpt))
+    capsys.readouterr()
+    out = Path(export(ck, work / "hf_bf16_export"))
+    assert "rounded to bfloat16" in capsys.readouterr().err
+    tensors = st_tensors(out)
+    assert {t.dtype.name for t in tensors.values()} == {"bfloat16"}
+    reference = {k: v.to(torch.bfloat16).view(torch.int16).numpy() for k, v in hf_model.state_dict().items()}
+    for name, t in tensors.items():  # bit for bit torch's cast
+        np.testing.assert_array_equal(t.view(np.int16), reference[name], err_msg=name)
+    hf_config = json.loads((out / "config.json").read_text())
+    assert hf_config["torch_dtype"] == hf_config["dtype"] == "bfloat16"
+    assert os.path.getsize(out / "model.safetensors") < os.path.getsize(work / "hf" / "model.safetensors") * 0.6
+    m = AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager")
+    assert {p.dtype for p in m.parameters()} == {torch.bfloat16} and m.config.dtype == torch.bfloat16
+    tokens = np.random.default_rng(5).integers(0, VOCAB, (1, 7))
+    bf16_ref = AutoModelForCausalLM.from_pretrained(work / "hf", dtype=torch.bfloat16, attn_implementation="eager")
+    np.testing.assert_array_equal(hf_logits(m.eval(), tokens), hf_logits(bf16_ref.eval(), tokens))
+    exact = Path(export(ck, work / "hf_bf16_as_f32", "--dtype", "float32"))
+    assert_same_bits(st_tensors(exact), st_tensors(work / "hf"))
+    assert json.loads((exact / "config.json").read_text())["torch_dtype"] == "float32"
+
+
+def test_export_dtype_flag_float16(ckpt, work):
+    out = Path(export(ckpt, work / "hf_f16", "--dtype", "float16"))
+    assert {t.dtype.name for t in st_tensors(out).values()} == {"float16"}
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "float16"
+    m = AutoModelForCausalLM.from_pretrained(out)
+    assert {p.dtype for p in m.parameters()} == {torch.float16}
+
+
+def test_outputs_new_parents_and_empty_directories(hf_dir, ckpt, tmp_path):
+    """`--out a/b/c` when a/ does not exist; an existing empty directory is taken (`mkdir -p` first is fine),
+    a non-empty one refused naming it."""
+    deep = tmp_path / "hf" / "q06"
+    export(ckpt, deep)
+    assert (deep / "config.json").is_file() and (deep / "tokenizer.json").is_file()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    export(ckpt, empty)
+    assert (empty / "model.safetensors").is_file()
+    empty_ckpt = tmp_path / "ckpts" / "empty"
+    empty_ckpt.mkdir(parents=True)
+    convert(hf_dir, empty_ckpt)
+    assert checkpoint.load_config(empty_ckpt).vocab_size == VOCAB
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "keep.txt").write_text("mine")
+    assert_fails(jax_to_hf.main, ["--ckpt", ckpt, "--out", taken], str(taken), "not an empty directory")
+    assert_fails(hf_to_jax.main, ["--hf-dir", hf_dir, "--out", taken], str(taken), "not an empty directory")
+    assert os.listdir(taken) == ["keep.txt"]
+
+
+def test_failed_export_leaves_the_empty_directory(ckpt, tmp_path):
+    """A failure while writing (here a param that does not match its recorded checksum) leaves the empty
+    --out directory as it was, and nothing beside it."""
+    damaged = tmp_path / "damaged"
+    shutil.copytree(ckpt, damaged)
+    sums = json.loads((damaged / "checksums.json").read_text())
+    sums["arrays"]["['final_norm']['scale']"]["sum"] = "0" * 16
+    (damaged / "checksums.json").write_text(json.dumps(sums))
+    empty = tmp_path / "out" / "empty"
+    empty.mkdir(parents=True)
+    assert_fails(jax_to_hf.main, ["--ckpt", damaged, "--out", empty], "damaged")
+    assert empty.is_dir() and os.listdir(empty) == [] and os.listdir(empty.parent) == ["empty"]
+
+
+def test_bos_token_id_survives_the_round_trip(hf_dir, work):
+    hf = work / "hf_bos"
+    shutil.copytree(hf_dir, hf)
+    config = json.loads((hf / "config.json").read_text())
+    config["bos_token_id"] = 7
+    (hf / "config.json").write_text(json.dumps(config))
+    ck = convert(hf, work / "ckpt_bos")
+    assert checkpoint.load_config(ck).bos_token_id == 7
+    out = Path(export(ck, work / "hf_bos_back"))
+    assert json.loads((out / "config.json").read_text())["bos_token_id"] == 7
+    assert json.loads((out / "generation_config.json").read_text())["bos_token_id"] == 7
+    assert AutoModelForCausalLM.from_pretrained(out).config.bos_token_id == 7
+
+
+# ---------------------------------------------------------------- the tokenizer travels with the checkpoint
+
+
+def test_export_registers_the_mask_token_in_a_tokenizer_without_it(ckpt, work):
+    """A checkpoint with a mask id whose tokenizer lacks `<mdm_mask>` (trained with the Hugging Face folder
+    as its tokenizer): the export's tokenizer has it at the model's id; the checkpoint is not modified."""
+    params, config = checkpoint.load(ckpt)
+    ck = checkpoint.save(work / "ckpt_mask_untold", params, config.replace(mask_token_id=90),
+                         tokenizer=checkpoint.tokenizer_dir(ckpt))
+    out = export(ck, work / "hf_mask_untold")
+    tok = AutoTokenizer.from_pretrained(out)
+    assert tok.convert_tokens_to_ids("<mdm_mask>") == 90 and tok.encode("w3 <mdm_mask>") == [3, 90]
+    assert HFTokenizer(out).mask_id == 90
+    assert HFTokenizer(checkpoint.tokenizer_dir(ck)).mask_id is None
+    checkpoint.load(ck)  # still matches its checksums
+
+
+def test_no_hugging_face_tokenizer_is_said(work, ckpt, capsys):
+    from zarya_jax.data.tokenizer import ByteTokenizer
+
+    params, config = checkpoint.load(ckpt)
+    ck = checkpoint.save(work / "ckpt_byte_tok", params, config, tokenizer=ByteTokenizer())
+    capsys.readouterr()
+    out = Path(export(ck, work / "hf_byte_tok"))
+    assert "no Hugging Face tokenizer" in capsys.readouterr().err
+    assert not any((out / n).exists() for n in ("tokenizer.json", "zarya_tokenizer.json"))
+    bare = work / "hf_no_tok"
+    make_hf_model(15, vocab=VOCAB).save_pretrained(bare)
+    convert(bare, work / "ckpt_no_tok")
+    assert "has no tokenizer files" in capsys.readouterr().err
+    assert checkpoint.tokenizer_dir(work / "ckpt_no_tok") is None
+
+
+def test_converters_report_progress(hf_dir, ckpt, tmp_path, capsys):
+    """Lines on stderr, not silence: what is converted, then bytes done / total, the last at 100%."""
+    capsys.readouterr()
+    convert(hf_dir, tmp_path / "c")
+    export(ckpt, tmp_path / "h")
+    err = capsys.readouterr().err.splitlines()
+    for label, unit in (("hf_to_jax", "params"), ("jax_to_hf", "tensors")):
+        lines = [line for line in err if line.startswith(f"{label}: ")]
+        assert "params (" in lines[0] and " into " in lines[0], lines
+        assert "(100%)" in lines[-1] and f" {unit}, " in lines[-1], lines
+        assert len(lines) <= 4, lines  # a tiny model: the first update and the last, nothing per tensor
+
+
+def test_missing_mask_token_errors_name_the_remedy(ckpt):
+    """Every refusal of a model without a mask token says how to get one: re-convert with --add-mask-token."""
+    from zarya_jax.config import ConfigError
+    from zarya_jax.eval.diagnose import teacher_forced
+    from zarya_jax.objectives.losses import mask_id_of
+    from zarya_jax.sampling.config import GenerationConfig
+
+    config = checkpoint.load_config(ckpt)
+    assert config.mask_token_id is None
+    remedy = "python -m conversion.hf_to_jax --hf-dir HF_DIR --out CKPT --add-mask-token"
+    with pytest.raises(ConfigError, match="mask_token_id is None") as e:
+        mask_id_of(config)
+    assert remedy in str(e.value)
+    for mode in ("mdm", "slotted"):
+        with pytest.raises(ValueError, match="needs a mask token") as e:
+            GenerationConfig(mode=mode).validate(config)
+        assert remedy in str(e.value)
+    with pytest.raises(ValueError, match="mask_token_id is None") as e:
+        teacher_forced(None, config, [([1, 2], [3])], slot_size=1)
+    assert remedy in str(e.value)
 
 
 # ---------------------------------------------------------------- bad input
@@ -284,6 +464,10 @@ def test_existing_output_is_untouched(hf_dir, ckpt, tmp_path):
     assert_fails(hf_to_jax.main, ["--hf-dir", hf_dir, "--out", taken], "already exists")
     assert_fails(jax_to_hf.main, ["--ckpt", ckpt, "--out", taken], "already exists")
     assert os.listdir(taken) == ["keep.txt"] and (taken / "keep.txt").read_text() == "mine"
+    a_file = tmp_path / "a_file"
+    a_file.write_text("mine")
+    assert_fails(jax_to_hf.main, ["--ckpt", ckpt, "--out", a_file], "not an empty directory")
+    assert a_file.read_text() == "mine"
 
 
 def test_jax_to_hf_bad_checkpoint_and_size(hf_dir, ckpt, tmp_path):

@@ -79,9 +79,11 @@ def test_mode_b_window_is_bounded():
     assert f",{NEW // 2},{CONFIG.vocab_size}]" not in hlo
 
 
-@pytest.mark.parametrize("mode", ["spec_self", "spec_lora", "fused_self", "fused_lora", "slotted"])
-def test_at_most_one_more_cache(mode):
-    """No decoder holds more than the cache, one more copy of it (the TPU compiler may relayout the cache
-    for a multi-row window's attention: docs/decoding.md) and a bounded window."""
+@pytest.mark.parametrize("mode,bound", [("spec_self", 1.3), ("spec_lora", 1.3), ("fused_self", 1.3),
+                                        ("fused_lora", 1.3), ("slotted", 2.5)])
+def test_the_cache_is_held_once(mode, bound):
+    """Every decoder holds the cache once, as AR does: Ψ-Spec and fused within 1.3× of AR's temporaries
+    (their multi-row windows read a head-major cache with no relayout copy, `kv_cache`); mode B adds its
+    bounded window (256 rows of logits here, where the cache is small)."""
     ratio = temporaries(mode) / temporaries("ar")
-    assert ratio <= 2.5, (mode, ratio)
+    assert ratio <= bound, (mode, ratio)

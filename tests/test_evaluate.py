@@ -1,5 +1,5 @@
-"""Answer extraction and exact-match scoring, mode and knob parsing (the evaluate pipeline end to end runs in
-test_quickstart)."""
+"""Answer extraction and exact-match scoring, mode and knob parsing, the summary table (the evaluate pipeline
+end to end runs in test_quickstart, its outputs and progress in test_evaluate_outputs)."""
 import pytest
 
 from zarya_jax.eval import answers, evaluate
@@ -61,3 +61,15 @@ def test_mode_and_knob_parsing():
         evaluate.parse_knobs(["slotted.slot_size=four"])
     assert evaluate.generation_config("slotted", 16, evaluate.parse_knobs(["slot_size=2", "slotted.slot_size=4"])) \
         == evaluate.GenerationConfig(mode="slotted", max_new_tokens=16, temperature=0.0, slot_size=4)
+
+
+def test_summary_table_shows_compile_time():
+    """The printed summary carries each mode's compile seconds (at batch 1 too), not only summary.json."""
+    row = {"mode": "ar", "label": "AR", "accuracy": 0.5, "tokens_per_forward": 1.0, "tokens_per_s": 10.0,
+           "batch_size": 8, "speedup_vs_ar": 1.0}
+    table = evaluate.summary_markdown([{**row, "compile_s": 12.34}])
+    assert table.splitlines()[0].endswith("| compile s |") and table.splitlines()[2].endswith("| 12.3 |")
+    both = evaluate.summary_markdown([{**row, "compile_s": 12.34, "tokens_per_s_batch1": 3.0,
+                                       "speedup_vs_ar_batch1": 1.0, "compile_s_batch1": 2.0}])
+    assert both.splitlines()[2].endswith("| 12.3 + 2.0 |")
+    assert "compile s" not in evaluate.summary_markdown([row])

@@ -11,7 +11,7 @@ import pytest
 from zarya_jax import lora as lora_lib
 from zarya_jax.config import LoraConfig
 from zarya_jax.nn import model as model_lib
-from zarya_jax.nn import masks
+from zarya_jax.nn import kv_cache, masks
 from zarya_jax.sampling import GenerationConfig, generate, pad_prompts
 from zarya_jax.sampling import fused, passes
 from zarya_jax.testing import UNO_CONFIG as CFG, UNO_LORA as LORA
@@ -143,8 +143,8 @@ def test_cache_and_drafts_after_each_cycle_equal_a_recompute(drafter, temperatur
         logits, kv = jax.device_get(recompute(jnp.asarray(text), jnp.asarray(valid), jnp.asarray(gate)))
         for i in range(len(prompts)):
             n = total[i] - 1
-            np.testing.assert_allclose(raw["cache"]["k"][:, i, :n], kv[0][:, i, :n], atol=1e-5)
-            np.testing.assert_allclose(raw["cache"]["v"][:, i, :n], kv[1][:, i, :n], atol=1e-5)
+            for cached, window in zip(kv_cache.rows(raw["cache"], i, n), kv):
+                np.testing.assert_allclose(cached, window[:, i, :n], atol=1e-5)
             if temperature == 0:  # the rows drafting n+1 … n+k: their own (self) or the next (LoRA) position
                 first = n + 1 if drafter == "self" else n
                 rows = logits[i, first:first + k].copy()

@@ -13,6 +13,7 @@ import pytest
 
 from experiments import quickstart
 from zarya_jax.eval import answers, tasks
+from zarya_jax.experiment.report import render_report
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +65,18 @@ def test_report_files_and_numbers(smoke_run):
     # Tied to the code that produced it.
     assert set(report["provenance"]) >= {"commit", "dirty", "packages"} and report["provenance"]["packages"]["jax"]
     assert report["config"]["zarya"]["diffusion_loss_proportion"] == 0.3
+
+
+def test_report_rendered_again_from_report_json(smoke_run):
+    """report.md and report.png come from report.json alone: drawn again, without training or evaluation."""
+    workdir = smoke_run[0]
+    md = open(os.path.join(workdir, "report.md")).read()
+    assert "| target | exact match (%) | exact match − AR's (points) | tokens / forward |" in md
+    for name in ("report.md", "report.png"):
+        os.remove(os.path.join(workdir, name))
+    render_report(workdir)
+    assert open(os.path.join(workdir, "report.md")).read() == md
+    assert open(os.path.join(workdir, "report.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
 def test_knobs_chosen_on_validation_frontier(smoke_run):

@@ -111,9 +111,37 @@ def test_merges_reproduce_bpe_on_a_toy_vocabulary():
         qwen3_tokenizer.merges_from_ranks({b"a": 0, b"b": 1, b"c": 2, b"abc": 3})
 
 
-def test_cli_writes_and_refuses_existing(tmp_path, qwen3_tokenizer_dir, capsys):
+def test_cli_refuses_a_directory_with_tokenizer_files(tmp_path, qwen3_tokenizer_dir, capsys):
+    before = {n: open(os.path.join(qwen3_tokenizer_dir, n), "rb").read() for n in os.listdir(qwen3_tokenizer_dir)}
     assert qwen3_tokenizer.main(["--out", qwen3_tokenizer_dir]) == 2
-    assert "already exists" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "already holds tokenizer files" in err and "tokenizer.json" in err and qwen3_tokenizer_dir in err
+    after = {n: open(os.path.join(qwen3_tokenizer_dir, n), "rb").read() for n in os.listdir(qwen3_tokenizer_dir)}
+    assert after == before
+    a_file = tmp_path / "a_file"
+    a_file.write_text("mine")
+    assert qwen3_tokenizer.main(["--out", str(a_file)]) == 2 and a_file.read_text() == "mine"
+    assert "is not a directory" in capsys.readouterr().err
+
+
+def test_cli_writes_into_the_models_own_folder(tmp_path, qwen3_tokenizer_dir, capsys):
+    """A downloaded Qwen3 keeps its tokenizer beside config.json and the weights: --out may be that folder."""
+    from transformers import AutoTokenizer
+
+    model = tmp_path / "qwen3-0.6b"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "qwen3"}')
+    (model / "model.safetensors").write_bytes(b"weights")
+    assert qwen3_tokenizer.main(["--out", str(model)]) == 0
+    written = sorted(os.listdir(qwen3_tokenizer_dir))
+    assert sorted(os.listdir(model)) == sorted(["config.json", "model.safetensors", *written])  # no temp dir left
+    assert (model / "config.json").read_text() == '{"model_type": "qwen3"}'
+    assert (model / "model.safetensors").read_bytes() == b"weights"
+    for name in written:
+        assert (model / name).read_bytes() == open(os.path.join(qwen3_tokenizer_dir, name), "rb").read(), name
+    assert AutoTokenizer.from_pretrained(model, local_files_only=True).encode("Hello, world!") == [9707, 11, 1879, 0]
+    assert qwen3_tokenizer.main(["--out", str(model)]) == 2  # a second time: the files are there
+    assert "already holds tokenizer files" in capsys.readouterr().err
 
 
 def test_named_tokenizer_resolves(qwen3_cache, monkeypatch):

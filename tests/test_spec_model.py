@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from zarya_jax import model as model_lib
-from zarya_jax.nn import masks
+from zarya_jax.nn import kv_cache, masks
 from zarya_jax.sampling import GenerationConfig, generate, pad_prompts, spec_model
 from zarya_jax.sampling.primitives import token_logprob
 from zarya_jax.testing import SPEC_SMALL, UNO_CONFIG as CFG, ragged_prompts, sharp_params
@@ -127,8 +127,8 @@ def test_caches_after_each_cycle_equal_a_recompute():
             kv = jax.device_get(recompute(weights, jnp.asarray(text), valid))
             for i in range(b):
                 n = total[i] - keep
-                np.testing.assert_allclose(cache["k"][:, i, :n], kv[0][:, i, :n], atol=1e-5)
-                np.testing.assert_allclose(cache["v"][:, i, :n], kv[1][:, i, :n], atol=1e-5)
+                for cached, window in zip(kv_cache.rows(cache, i, n), kv):
+                    np.testing.assert_allclose(cached, window[:, i, :n], atol=1e-5)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7])

@@ -87,6 +87,7 @@ class ModelConfig:
     mask_token_id: int | None = None
     eos_token_id: int | None = None
     pad_token_id: int | None = None
+    bos_token_id: int | None = None  # kept for the Hugging Face config.json (no objective or sampler reads it)
     remat: bool = False
     remat_policy: str = "full"
     attention: str = "auto"
@@ -355,9 +356,8 @@ def from_hf_dict(hf: dict[str, Any]) -> tuple[ModelConfig, ZaryaConfig | None]:
         raise ConfigError(f"rope_type={rope_type!r} is not supported: expected 'default'")
     theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
     heads = hf["num_attention_heads"]
-    eos = hf.get("eos_token_id")
-    if isinstance(eos, list):
-        eos = eos[0] if eos else None
+    first = lambda ids: (ids[0] if ids else None) if isinstance(ids, list) else ids  # a list of ids: its first
+    eos, bos = first(hf.get("eos_token_id")), first(hf.get("bos_token_id"))
     dtype = hf.get("dtype", hf.get("torch_dtype")) or "float32"
     config = ModelConfig(
         vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
@@ -369,7 +369,8 @@ def from_hf_dict(hf: dict[str, Any]) -> tuple[ModelConfig, ZaryaConfig | None]:
         max_position_embeddings=hf.get("max_position_embeddings", 40960),
         dtype=dtype if dtype in _DTYPES else "float32",
         param_dtype=dtype if dtype in _DTYPES else "float32",
-        mask_token_id=hf.get("mask_token_id"), eos_token_id=eos, pad_token_id=hf.get("pad_token_id"))
+        mask_token_id=hf.get("mask_token_id"), eos_token_id=eos, pad_token_id=hf.get("pad_token_id"),
+        bos_token_id=bos)
     zarya = hf.get("zarya")
     return config, (ZaryaConfig(**zarya) if zarya else None)
 
@@ -388,6 +389,7 @@ def to_hf_dict(config: ModelConfig, zarya: ZaryaConfig | None = None) -> dict[st
         "attention_bias": False, "attention_dropout": 0.0, "use_sliding_window": False,
         "dtype": config.param_dtype, "eos_token_id": config.eos_token_id,
         "pad_token_id": config.pad_token_id, "mask_token_id": config.mask_token_id,
+        "bos_token_id": config.bos_token_id,
     }
     if zarya is not None:
         hf["zarya"] = dataclasses.asdict(zarya)

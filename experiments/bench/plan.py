@@ -49,7 +49,7 @@ from .train import model_config, step_setup
 
 GIB = 1 << 30
 MODES = ("ar", "mdm", "slotted", "spec")
-CACHE_AXES = ("layers", "batch", "length", "kv_heads", "head_dim")
+CACHE_AXES = ("layers", "batch", "kv_heads", "length", "head_dim")  # kv_cache's head-major layout
 
 
 def memory(compiled) -> dict:

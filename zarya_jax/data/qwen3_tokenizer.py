@@ -22,7 +22,8 @@ Sources (public, read for the table and the template text):
   huggingface.co/Qwen/Qwen3-8B `tokenizer_config.json`. (The Qwen3-4B file above is the 2507 thinking-only
   revision, whose generation prompt always opens `<think>\\n`; the hybrid tail is Qwen3-0.6B…32B's.)
 
-`write(dir, ranks)` writes the directory (`conversion.qwen3_tokenizer.build(out)` to a new path); `cached_dir()` builds it once per machine (under
+`write(dir, ranks)` writes the files (`conversion.qwen3_tokenizer.build(out)`: into a new directory or one
+without tokenizer files, e.g. the model's own folder); `cached_dir()` builds them once per machine (under
 `$ZARYA_CACHE` or `~/.cache/zarya_jax`) for `data.tokenizer=qwen3`.
 """
 from __future__ import annotations

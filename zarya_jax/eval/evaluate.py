@@ -14,6 +14,7 @@ Records are rendered by `zarya_jax.data.render` with the checkpoint's recorded `
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import sys
@@ -26,7 +27,7 @@ from tqdm import tqdm
 from .. import overrides as ov
 from ..config import ConfigError, PromptFormat
 from ..data import render
-from ..files import atomic_write, atomic_write_json, atomic_write_jsonl
+from ..files import atomic_directory, atomic_write
 from ..inference import Inference, prompt_format
 from ..sampling import GenerationConfig, generate
 from ..sampling.config import MODE_KNOBS, ROUTING_FIELDS, check_knobs
@@ -182,6 +183,26 @@ def check_mode_knobs(modes, knobs: dict[str, dict]) -> None:
             raise ConfigError(f"knob {k} is read by none of the modes {list(modes)} (it would be ignored)")
 
 
+def needs_mask_token(gen: GenerationConfig) -> bool:
+    """Whether decoding with `gen` reads the mask token: modes A and B, and the self drafter, which drafts
+    from it (the rule `GenerationConfig.validate` applies against a model)."""
+    return gen.resolved_mode in ("mdm", "slotted") or (gen.resolved_mode == "spec" and gen.drafter == "self")
+
+
+def check_mask_token(gens: dict[str, GenerationConfig], model_config, ckpt: str) -> None:
+    """A ConfigError naming the checkpoint and the remedy when a mode of `gens` ({mode: config}) needs a
+    mask token that the checkpoint's model has none of; checked from its config, before any work."""
+    if model_config.mask_token_id is not None:
+        return
+    modes = [m for m, gen in gens.items() if needs_mask_token(gen)]
+    if modes:
+        what = f"mode {modes[0]} needs" if len(modes) == 1 else f"modes {', '.join(modes)} need"
+        raise ConfigError(
+            f"{what} a mask token, and the checkpoint {ckpt!r} has none (mask_token_id is null in its config.json): "
+            "convert the Hugging Face model with `python -m conversion.hf_to_jax --hf-dir HF_DIR --out CKPT "
+            "--add-mask-token` and train from that checkpoint, or evaluate it with --modes ar")
+
+
 def _pad_batch(items: list, size: int) -> list:
     """Fills a short last batch with copies of its first item so every call has one shape."""
     return items + [items[0]] * (size - len(items))
@@ -197,10 +218,39 @@ def _stat(out, name, rows):
     return value[:rows] if value.ndim else np.full((rows,), float(value))
 
 
+class Progress:
+    """What a user waiting on one mode sees on stderr: `compiling mode slotted… 12.3 s` while its first
+    batches compile (one program per prompt bucket), then a bar `eval MODE` that advances after every
+    batch of the timed pass."""
+
+    def __init__(self, name: str, total: int, stream=None):
+        self.name, self.total, self.stream, self.bar = name, total, stream or sys.stderr, None
+
+    def compiling(self, programs: int) -> None:
+        what = f" ({programs} prompt lengths)" if programs > 1 else ""
+        print(f"compiling mode {self.name}{what}…", end="", file=self.stream, flush=True)
+
+    def compiled(self, seconds: float) -> None:
+        print(f" {seconds:.1f} s", file=self.stream, flush=True)
+
+    def __call__(self, done: int) -> None:
+        if self.bar is None:  # drawn at 0 when made
+            self.bar = tqdm(total=self.total, desc=f"eval {self.name}", unit="ex", leave=False, file=self.stream)
+        if done:
+            self.bar.n = done
+            self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
 def evaluate_mode(params, config, tokenizer, prompts: list[list[int]], gen_config, key, batch_size: int,
-                  lora_params=None, lora=None, progress=None, warmup: bool = True, draft: dict | None = None) -> dict:
+                  lora_params=None, lora=None, progress: Progress | None = None, warmup: bool = True,
+                  draft: dict | None = None) -> dict:
     """Generates for all prompts in batches of `batch_size`; returns texts, token ids, lengths, passes
     and timings. `draft`: `generate`'s draft-model keyword arguments (`Inference.draft_kwargs`).
+    `progress`: told when the compile starts and ends, and after every timed batch.
 
     With `warmup` one batch per prompt bucket is run once untimed (compilation); the timed pass covers
     every batch.
@@ -222,9 +272,15 @@ def evaluate_mode(params, config, tokenizer, prompts: list[list[int]], gen_confi
         for i in starts:
             chunk = prompts[i:i + batch_size]
             widths.setdefault(bucket_length(max(len(p) for p in chunk), gen_config.prompt_bucket), chunk)
+        if progress:
+            progress.compiling(len(widths))
         for chunk in widths.values():
             call(_pad_batch(chunk, batch_size), keys[0])
     compile_s = time.perf_counter() - t0
+    if warmup and progress:
+        progress.compiled(compile_s)
+    if progress:
+        progress(0)
     texts, ids, lengths, passes, diffusion, spec_counts = [], [], [], [], [], []
     t0 = time.perf_counter()
     for i, k in zip(starts, keys):
@@ -245,7 +301,7 @@ def evaluate_mode(params, config, tokenizer, prompts: list[list[int]], gen_confi
         if "counts" in out.stats:  # speculative modes: acceptance counts, pooled below
             spec_counts.append(out.stats["counts"])
         if progress:
-            progress(min(i + batch_size, len(prompts)), len(prompts))
+            progress(min(i + batch_size, len(prompts)))
     wall = time.perf_counter() - t0
     total_tokens = int(sum(lengths))
     # A batched pass advances every row, so a batch's passes count once: tokens per forward is the
@@ -299,6 +355,7 @@ def evaluate(model: Inference, records: list[dict], ev: EvalConfig, *, knobs: di
     # surface only after the AR mode has run).
     check_mode_knobs(ev.modes, knobs)
     gens = {mode: generation_config(mode, ev.max_new_tokens, knobs) for mode in ev.modes}
+    check_mask_token(gens, model.config, model.ckpt)
     for mode, gen in gens.items():
         try:
             gen.validate(model.config, prompts)
@@ -309,12 +366,11 @@ def evaluate(model: Inference, records: list[dict], ev: EvalConfig, *, knobs: di
     for mode in ev.modes:
         gen, adapter = gens[mode], (model.adapter if mode in ADAPTER_MODES else None)
         draft = model.draft_kwargs if mode == "spec-model" else None
-        bar = _progress_bar(mode, len(prompts)) if progress else None
+        bar = Progress(mode, len(prompts)) if progress else None
         res = evaluate_mode(model.params, model.config, model.tokenizer, prompts, gen, key, ev.batch_size, adapter,
-                            model.lora, progress=(lambda done, total: bar(done)) if bar else None, warmup=warmup,
-                            draft=draft)
+                            model.lora, progress=bar, warmup=warmup, draft=draft)
         if bar:
-            bar(None)
+            bar.close()
         correct = 0
         for i, text in enumerate(res["texts"]):
             pred = answers.extract(text, method, pattern)
@@ -339,9 +395,13 @@ def evaluate(model: Inference, records: list[dict], ev: EvalConfig, *, knobs: di
             # the batch-1 pass instead of one per prompt bucket the examples fall into.
             timed = prompts[:ev.batch1_examples]
             one_gen = gen.replace(prompt_bucket=bucket_length(max(len(p) for p in timed), gen.prompt_bucket))
+            bar = Progress(f"{mode} at batch 1", len(timed)) if progress else None
             one = evaluate_mode(model.params, model.config, model.tokenizer, timed, one_gen, key,
-                                1, adapter, model.lora, draft=draft)
-            row.update(tokens_per_s_batch1=one["tokens_per_s"], batch1_examples=len(one["lengths"]))
+                                1, adapter, model.lora, progress=bar, draft=draft)
+            if bar:
+                bar.close()
+            row.update(tokens_per_s_batch1=one["tokens_per_s"], batch1_examples=len(one["lengths"]),
+                       compile_s_batch1=one["compile_s"])
         summary.append(row)
     return _with_speedups(summary), predictions
 
@@ -357,23 +417,13 @@ def _with_speedups(summary: list[dict]) -> list[dict]:
     return summary
 
 
-def _progress_bar(mode: str, total: int):
-    bar = tqdm(total=total, desc=f"eval {mode}", unit="ex", leave=False, file=sys.stderr)
-
-    def update(done):
-        if done is None:
-            bar.close()
-        else:
-            bar.n = done
-            bar.refresh()
-
-    return update
-
-
 def summary_markdown(summary: list[dict]) -> str:
     """One row per mode: accuracy, tokens per forward, tokens/s and speed-up at the evaluation batch
-    (and at batch 1 when measured), and the knobs when a row carries a `point` description."""
+    (and at batch 1 when measured), the seconds its first batches took to compile (at batch 1 too:
+    `compile_s`, `compile_s_batch1`) when rows carry them, and the knobs when a row carries a `point`
+    description."""
     b1 = any("tokens_per_s_batch1" in r for r in summary)
+    compiled = any(r.get("compile_s") is not None for r in summary)
     knobs = any(r.get("point") for r in summary)
     drafts = any(r.get("accepted_per_cycle") is not None for r in summary)
     batch = summary[0]["batch_size"] if summary else "B"
@@ -381,6 +431,7 @@ def summary_markdown(summary: list[dict]) -> str:
     head += ["drafts accepted / cycle"] if drafts else []
     head += [f"tokens / s (batch {batch})", "speed-up vs AR"]
     head += ["tokens / s (batch 1)", "speed-up vs AR (batch 1)"] if b1 else []
+    head += ["compile s"] if compiled else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def speed(r, suffix):
@@ -397,6 +448,9 @@ def summary_markdown(summary: list[dict]) -> str:
         if b1:
             t1 = r.get("tokens_per_s_batch1")
             cells += [f"{t1:.1f}" if t1 is not None else "–", speed(r, "_batch1")]
+        if compiled:
+            times = [r.get(k) for k in ("compile_s", "compile_s_batch1") if r.get(k) is not None]
+            cells += [" + ".join(f"{t:.1f}" for t in times) or "–"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -404,10 +458,26 @@ def summary_markdown(summary: list[dict]) -> str:
 def write_outputs(out_dir: str, summary: list[dict], predictions: list[dict], extra: dict | None = None,
                   markdown: str | None = None) -> None:
     """predictions.jsonl, summary.md (`markdown`, default the summary table) and, last, summary.json in
-    `out_dir`, each written atomically: a summary.json is there only when everything else is."""
-    atomic_write_jsonl(os.path.join(out_dir, "predictions.jsonl"), predictions)
-    atomic_write(os.path.join(out_dir, "summary.md"), summary_markdown(summary) if markdown is None else markdown)
-    atomic_write_json(os.path.join(out_dir, "summary.json"), {"modes": summary, **(extra or {})})
+    `out_dir`, so that a summary.json is there only when the files beside it are its own. A new `out_dir`
+    appears whole (written under a temporary name, renamed when complete); in an existing one the old
+    summary.json is removed first and each file is replaced atomically. An error or a signal leaves no
+    half-written file."""
+    # Serialized first: a value that is not JSON fails before anything is touched.
+    texts = {"predictions.jsonl": "".join(json.dumps(r) + "\n" for r in predictions),
+             "summary.md": summary_markdown(summary) if markdown is None else markdown,
+             "summary.json": json.dumps({"modes": summary, **(extra or {})}, indent=2)}  # last: the marker
+
+    def write(directory: str) -> None:
+        for name, text in texts.items():
+            atomic_write(os.path.join(directory, name), text)
+
+    if not os.path.lexists(out_dir):
+        with atomic_directory(out_dir) as tmp:
+            write(tmp)
+        return
+    if os.path.lexists(os.path.join(out_dir, "summary.json")):
+        os.remove(os.path.join(out_dir, "summary.json"))
+    write(out_dir)
 
 
 # Where a checkpoint's prompt format comes from (kept under its former name here).

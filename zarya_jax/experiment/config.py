@@ -238,7 +238,7 @@ examples, one slot size."""
 
 
 # Settings that change how a run is shown or checked, not what it computes.
-_PRESENTATION = {"train": ("progress_bar", "verify_checkpoints")}
+_PRESENTATION = {"train": ("progress_bar", "verify_checkpoints", "allow_tokenizer_mismatch")}
 
 
 def comparable(config_dict: dict) -> dict:

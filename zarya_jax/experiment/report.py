@@ -4,6 +4,7 @@ loss curve) and `report.json`, each written atomically, `report.json` last: a `r
 complete report."""
 from __future__ import annotations
 
+import json
 import os
 
 from ..eval import diagnose, frontier
@@ -15,6 +16,38 @@ from .results import Report
 
 def _pct(x):
     return "–" if x is None else f"{100 * x:.1f}%"
+
+
+# The targets' measured values come in four units; each gets its own column, named with its unit, so a
+# column never mixes shares and counts. Which unit is read off the target's wording (`stages.targets`).
+TARGET_COLUMNS = {"accuracy": ("exact match (%)", lambda v: f"{100 * v:.1f}"),
+                  "gap": ("exact match − AR's (points)", lambda v: f"{100 * v:+.1f}"),
+                  "tokens_per_forward": ("tokens / forward", lambda v: f"{v:.2f}"),
+                  "ratio": ("gain (×)", lambda v: f"{v:.2f}")}
+
+
+def target_unit(target: str) -> str:
+    """The unit (a `TARGET_COLUMNS` key) of a target's measured value, from its wording."""
+    if "×" in target:
+        return "ratio"          # fused against two-pass tokens per forward
+    if "tokens per forward" in target:
+        return "tokens_per_forward"
+    if "exact match ≥" in target:
+        return "accuracy"       # AR's own exact match
+    return "gap"                # accuracy within … of AR, lossless: the difference to AR's exact match
+
+
+def targets_markdown(targets: list[dict]) -> str:
+    """The targets table: one column per unit in use (the others left out), a value in the column of its
+    unit and – in the rest."""
+    units = [u for u in TARGET_COLUMNS if any(target_unit(t["target"]) == u for t in targets)]
+    lines = ["| target | " + " | ".join(TARGET_COLUMNS[u][0] for u in units) + " | met |",
+             "|---|" + "---|" * len(units) + "---|"]
+    for t in targets:
+        unit = target_unit(t["target"])
+        cells = [TARGET_COLUMNS[u][1](t["value"]) if u == unit and t["value"] is not None else "–" for u in units]
+        lines.append(f"| {t['target']} | " + " | ".join(cells) + f" | {'yes' if t['met'] else 'no'} |")
+    return "\n".join(lines)
 
 
 def report_markdown(report: dict) -> str:
@@ -40,11 +73,7 @@ def report_markdown(report: dict) -> str:
     lines += ["", f"Test split: {modes[0]['examples'] if modes else 0} held-out examples, greedy decoding; {how}.",
               "", summary_markdown(modes)]
     if report["targets"]:
-        lines += ["| target | measured | met |", "|---|---|---|"]
-        for t in report["targets"]:
-            v = t["value"]
-            v = "–" if v is None else f"{v:.3g}"
-            lines.append(f"| {t['target']} | {v} | {'yes' if t['met'] else 'no'} |")
+        lines.append(targets_markdown(report["targets"]))
     if report.get("diagnostics"):
         lines += ["", "## Diagnostics (test split)", "", diagnose.markdown(report["diagnostics"])]
     if front:
@@ -64,12 +93,21 @@ def report_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def write_report(workdir: str, report: Report) -> None:
-    """report.md, report.png, then report.json (each atomically): a report.json means a complete report."""
+def render_report(workdir: str, doc: dict | None = None) -> None:
+    """report.md and report.png from a `report.json` document (by default the one in `workdir`): a saved
+    report drawn again with this code, no training or evaluation."""
     from .plots import frontier_plot  # matplotlib only when a report is written
 
-    doc = report.to_json()
+    if doc is None:
+        with open(os.path.join(workdir, "report.json")) as f:
+            doc = json.load(f)
     atomic_write(os.path.join(workdir, "report.md"), report_markdown(doc))
     points = doc["frontier"]["points"] if doc.get("frontier") else []
     frontier_plot(points, doc["modes"], doc["loss_curve"], os.path.join(workdir, "report.png"), "Zarya quickstart")
+
+
+def write_report(workdir: str, report: Report) -> None:
+    """report.md, report.png, then report.json (each atomically): a report.json means a complete report."""
+    doc = report.to_json()
+    render_report(workdir, doc)
     atomic_write_json(os.path.join(workdir, "report.json"), doc, default=str)

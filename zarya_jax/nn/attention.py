@@ -42,19 +42,20 @@ SPLASH_BLOCK = 128  # the splash kernels tile the sequence in multiples of 128 (
 _HALF = (jnp.bfloat16, jnp.float16)
 
 
-def _scores(q: Array, k: Array, mask: Array) -> Array:
-    """Masked fp32 scores [b, k, g, t, s] of q [b,t,h,q] (grouped by kv head) against k [b,s,k,q]."""
+def _scores(q: Array, k: Array, mask: Array, k_order: str = "bskq") -> Array:
+    """Masked fp32 scores [b, k, g, t, s] of q [b,t,h,q] (grouped by kv head) against k, whose axes are
+    `k_order` ("bskq": a window's [b,s,k,q]; "bksq": a KV cache's [b,k,s,q])."""
     b, t, h, d = q.shape
-    kv = k.shape[2]
+    kv = k.shape[k_order.index("k")]
     q = q.reshape(b, t, kv, h // kv, d)
-    scores = jnp.einsum("btkgq,bskq->bkgts", q, k.astype(q.dtype), preferred_element_type=jnp.float32) * (d ** -0.5)
-    return jnp.where(mask[:, None, None, :, :], scores, NEG_INF)
+    scores = jnp.einsum(f"btkgq,{k_order}->bkgts", q, k.astype(q.dtype), preferred_element_type=jnp.float32)
+    return jnp.where(mask[:, None, None, :, :], scores * (d ** -0.5), NEG_INF)
 
 
-def _combine(probs: Array, v: Array, out_dtype) -> Array:
-    """probs [b, k, g, t, s] (fp32) times v [b, s, k, q] -> [b, t, h, q]."""
+def _combine(probs: Array, v: Array, out_dtype, v_order: str = "bskq") -> Array:
+    """probs [b, k, g, t, s] (fp32) times v (axes `v_order`, as `_scores`) -> [b, t, h, q]."""
     b, kv, g, t, _ = probs.shape
-    out = jnp.einsum("bkgts,bskq->btkgq", probs.astype(out_dtype), v.astype(out_dtype))
+    out = jnp.einsum(f"bkgts,{v_order}->btkgq", probs.astype(out_dtype), v.astype(out_dtype))
     return out.reshape(b, t, kv * g, v.shape[-1])
 
 
@@ -66,12 +67,13 @@ def dense(q: Array, k: Array, v: Array, mask: Array) -> Array:
 def cached(q: Array, k: Array, v: Array, k_cache: Array, v_cache: Array, cache_mask: Array,
            window_mask: Array) -> Array:
     """A window attending to a KV cache and to itself, dense: `dense` over [cache ; window] without
-    concatenating K/V, so the cache ([b, s, k, q], any dtype, read in q's dtype) is never copied.
-    q [b,t,h,q], k/v [b,t,k,q]; cache_mask bool [b,t,s], window_mask bool [b,t,t] -> [b,t,h,q]."""
-    s = k_cache.shape[1]
-    probs = jax.nn.softmax(jnp.concatenate([_scores(q, k_cache, cache_mask), _scores(q, k, window_mask)], axis=-1),
-                           axis=-1)
-    return _combine(probs[..., :s], v_cache, q.dtype) + _combine(probs[..., s:], v, q.dtype)
+    concatenating K/V, so the cache ([b, k, s, q], `kv_cache`'s head-major layout, any dtype, read in q's
+    dtype) is never copied. q [b,t,h,q], k/v [b,t,k,q]; cache_mask bool [b,t,s], window_mask bool [b,t,t]
+    -> [b,t,h,q]."""
+    s = k_cache.shape[2]
+    scores = [_scores(q, k_cache, cache_mask, "bksq"), _scores(q, k, window_mask)]
+    probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1)
+    return _combine(probs[..., :s], v_cache, q.dtype, "bksq") + _combine(probs[..., s:], v, q.dtype)
 
 
 def resolve(backend: str, platform: str, dtype, seq_len: int, head_dim: int) -> str:

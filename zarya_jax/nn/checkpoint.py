@@ -32,7 +32,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 from orbax.checkpoint import future, type_handlers
 
-from ..config import ModelConfig, PromptFormat, ZaryaConfig, model_config_from_dict, to_dict
+from ..config import ConfigError, ModelConfig, PromptFormat, ZaryaConfig, model_config_from_dict, to_dict
 from ..files import replace_directory
 from . import hf_params
 from .integrity import CheckpointError, array_checksums, compare, describe_error, file_checksum
@@ -104,13 +104,15 @@ def save(path: str | os.PathLike, params: Any, config: ModelConfig, zarya_config
     tokenizer: None, a directory whose files are copied, or an object with `.save(directory)`
     (`zarya_jax.data.tokenizer.ByteTokenizer` / `HFTokenizer`). prompt_format: how the model's training
     records were rendered (`zarya_jax.data.render`), for evaluation and generation to render alike.
-    Raises FileExistsError if `path` exists and `overwrite` is false. Every process of a multi-host run
+    The recorded `param_dtype` is the arrays' dtype when they share one (float32 master weights saved with
+    a bfloat16 config record float32). Raises FileExistsError if `path` exists and `overwrite` is false. Every process of a multi-host run
     must call it.
     """
     path = os.path.abspath(os.fspath(path))
     if os.path.exists(path) and not overwrite:
         raise FileExistsError(f"checkpoint path {path!r} already exists (pass overwrite=True to replace it)")
     hf_params.check_params(params, config)
+    config = _as_stored(params, config)
     if isinstance(tokenizer, (str, os.PathLike)) and not os.path.isdir(tokenizer):
         raise FileNotFoundError(f"tokenizer directory {os.fspath(tokenizer)!r} does not exist")
     parent, name = os.path.split(path)
@@ -147,6 +149,19 @@ def save(path: str | os.PathLike, params: Any, config: ModelConfig, zarya_config
             shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
+
+
+def _as_stored(params: Any, config: ModelConfig) -> ModelConfig:
+    """`config` with `param_dtype` the dtype the arrays are stored in when they share one: a trainer saves
+    its float32 master weights of a bfloat16 checkpoint, and config.json must say float32 (loaders and
+    `jax_to_hf` read the dtype from it)."""
+    names = {np.dtype(leaf.dtype).name for leaf in jax.tree.leaves(params)}
+    if len(names) != 1 or names == {config.param_dtype}:
+        return config
+    try:
+        return config.replace(param_dtype=names.pop())
+    except ConfigError:  # a dtype a ModelConfig cannot name: the config stays as given
+        return config
 
 
 def _checksummed_lazy(params: Any, sums: dict) -> Any:

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from ..config import LoraConfig, ModelConfig
-from . import attention, hf_params
+from . import attention, hf_params, kv_cache
 from . import partitioning
 from .partitioning import declare, spec_for
 
@@ -188,7 +188,7 @@ class Qwen3(nn.Module):
         segment_ids: int [b, t]: causal within equal ids, 0 = padding (the training mask), served by
           `config.attention`; neither this nor `window_mask`: plainly causal, the same way;
         window_mask: bool [b, t, t], any mask (always the dense kernel).
-        cache: {'k', 'v': [layers, b, s, k, q], 'length': [b]}; cache_mask bool [b, t, s]
+        cache: {'k', 'v': [layers, b, k, s, q], 'length': [b]} (`kv_cache`); cache_mask bool [b, t, s]
         (default: the first `length` rows of each cache row). With a cache the window is causal unless
         `window_mask` says otherwise (dense kernel).
         gate: bool [b, t], LoRA on where true (ignored without `lora`).
@@ -207,7 +207,7 @@ class Qwen3(nn.Module):
         if cache is not None:
             layer_caches = (cache["k"], cache["v"])
             if cache_mask is None:
-                s = cache["k"].shape[2]
+                s = kv_cache.max_len(cache)
                 valid = jnp.arange(s)[None, :] < cache["length"][:, None]
                 cache_mask = jnp.broadcast_to(valid[:, None, :], (b, t, s))
 

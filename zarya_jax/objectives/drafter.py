@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from ..config import ConfigError, LoraConfig, ModelConfig
+from ..nn import kv_cache
 from ..nn import model as model_lib
 from ..nn.lora import noise_tokens
 from .base import Objective
@@ -178,7 +179,7 @@ def pair_hidden(lora_params, params, config: ModelConfig, lora: LoraConfig, batc
     clean, (k, v) = jax.lax.stop_gradient(model_lib.apply(
         params, config, tokens[:, length:], positions[:, length:], return_hidden=True, **clean_mask))
     noisy, _ = model_lib.apply(params, config, tokens[:, :length], positions[:, :length],
-                               window_mask=mask[:, :length, :length], cache={"k": k, "v": v},
+                               window_mask=mask[:, :length, :length], cache=kv_cache.of_window((k, v)),
                                cache_mask=mask[:, :length, length:], gate=batch["gate"][:, :length],
                                lora_params=lora_params, lora=lora, return_hidden=True)
     return noisy, clean

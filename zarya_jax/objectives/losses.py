@@ -36,7 +36,9 @@ Array = jax.Array
 def mask_id_of(model_config: ModelConfig) -> int:
     if model_config.mask_token_id is None:
         raise ConfigError("ModelConfig.mask_token_id is None: the Zarya objectives need the <mdm_mask> token "
-                          "id; add the mask token to the vocabulary and set mask_token_id")
+                          "id. For a checkpoint converted from Hugging Face, re-convert it with `python -m "
+                          "conversion.hf_to_jax --hf-dir HF_DIR --out CKPT --add-mask-token` and start from CKPT; "
+                          "for a model of your own, add the mask token to the vocabulary and set mask_token_id")
     return int(model_config.mask_token_id)
 
 

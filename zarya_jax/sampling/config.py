@@ -196,7 +196,10 @@ class GenerationConfig:
         mode = self.resolved_mode
         if mode in ("mdm", "slotted") or (mode == "spec" and self.drafter == "self"):
             if mc.mask_token_id is None:
-                raise ValueError(f"mode {mode!r} needs a mask token, but the model config has mask_token_id=None")
+                raise ValueError(f"mode {mode!r} needs a mask token, but the model config has mask_token_id=None: "
+                                 "re-convert the Hugging Face model with `python -m conversion.hf_to_jax --hf-dir "
+                                 "HF_DIR --out CKPT --add-mask-token` and use CKPT (modes ar and spec with a "
+                                 "uniform-noise LoRA drafter need no mask token)")
         eos = self.eos_token_id
         if eos is not None and not 0 <= eos < mc.vocab_size:
             raise ValueError(f"GenerationConfig.eos_token_id={eos}: outside the vocabulary [0, {mc.vocab_size})")

@@ -143,8 +143,8 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
     # Non-empty diffusion steps come first (k_s ≤ ⌈M/T⌉ evenly spread); T = 0 has no sequential phase.
     n_dif_steps = jnp.minimum(n_diff, gcfg.steps) if gcfg.steps > 0 else n_steps
     starts = jnp.cumsum(sizes, axis=1) - sizes
-    cache_rows = p + m
-    _, cache = decoding.prefill(params, config, tokens, lengths, cache_rows, gcfg.kv_cache_dtype)
+    _, cache = decoding.prefill(params, config, tokens, lengths, p + m, gcfg.kv_cache_dtype)
+    cache_rows = kv_cache.max_len(cache)  # p + m rounded up to the cache's row tile
     rows = jnp.arange(b)[:, None]
     offs = jnp.arange(m)[None, :]
     slot = jnp.arange(kw)[None, :]

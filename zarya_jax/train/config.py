@@ -45,14 +45,17 @@ class TrainConfig:
     async_checkpointing: bool = True
     export_final: bool = True  # final params via zarya_jax.checkpoint.save into WORKDIR/final
     init_from: str = ""  # a converted checkpoint (zarya_jax.checkpoint) to start from
+    # train a checkpoint (init_from, a drafter's base) with a tokenizer that is not its own (`train.inherit`)
+    allow_tokenizer_mismatch: bool = False
     distributed: str = "auto"  # jax.distributed.initialize(): auto | on | off
-    peak_flops: float = 0.0  # per device, for MFU; 0 = from the device table (CPU: an assumed peak)
+    peak_flops: float = 0.0  # per device, for MFU; 0 = from the device table, else measured (a matmul)
     progress_bar: bool = True
     tracker: str = "none"  # none | wandb | trackio: also log the metrics there (`train.trackers`)
     tracker_project: str = "zarya"
     tracker_group: str = ""  # runs compared together (a sweep sets its name)
     tracker_run: str = ""  # the run's name; "" = the workdir's name
     verify_checkpoints: bool = True  # check every checkpoint read (resume, init_from) against its checksums
+    memory_check: bool = True  # refuse a step whose estimated memory exceeds the machine's (`train.memory`)
     divergence: DivergenceConfig = DivergenceConfig()  # when to stop a diverging run (train.divergence)
 
     def __post_init__(self):
@@ -96,7 +99,8 @@ RESUMABLE_CHANGES = {
     "train.log_every", "train.eval_every", "train.eval_batches", "train.save_every", "train.keep",
     "train.keep_best", "train.async_checkpointing", "train.export_final", "train.init_from",
     "train.distributed", "train.peak_flops", "train.progress_bar", "train.tracker", "train.tracker_project",
-    "train.tracker_group", "train.tracker_run", "train.verify_checkpoints", "train.divergence",
+    "train.tracker_group", "train.tracker_run", "train.verify_checkpoints", "train.divergence", "train.memory_check",
+    "train.allow_tokenizer_mismatch",  # a permission: the tokenizer itself is compared (data.tokenizer)
     "data.read_threads", "data.prefetch",
     # The mesh: the run is defined by its global batch (data.batch_size, still compared), not by the devices
     # that compute it. Orbax restores the state onto the new mesh's shardings, the data iterator's position

@@ -7,7 +7,8 @@ model of the base's shape family within the budget, every parameter counted, the
 `train_draft_model` trains it on the data with `draft.loss` = "ntp" (the AR trainer's next-token loss)
 or "tv" (distilled from the frozen base, `objectives.distill`) and exports it to WORKDIR/final, a normal
 checkpoint (`zarya_jax.checkpoint.load`, `inference.load_for_inference`). The draft settings and the
-base checkpoint's content are part of the run's identity (`train.identity`), as for Uno's drafter.
+base checkpoint's content are part of the run's identity (`train.identity`), as for Uno's drafter. The
+data are read with a tokenizer that must be the base's (`train.inherit.check_tokenizer`).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from ..nn import lora as lora_lib
 from ..objectives.ar import ar_objective
 from ..objectives.distill import DistillConfig, distill_objective
 from . import config as rc
+from . import inherit
 from .hooks import Hook
 from .identity import file_fingerprint
 from .loop import train
@@ -106,6 +108,7 @@ def train_draft_model(cfg: DraftModelRunConfig, base: str, workdir: str, *, forc
     if not os.path.isdir(base):
         raise FileNotFoundError(f"--base {base!r}: expected a checkpoint directory")
     base_config = ckpt_lib.load_config(base)
+    inherit.check_tokenizer(cfg.data.tokenizer, base, base_config, cfg.train.allow_tokenizer_mismatch, "--base")
     run = cfg.run_config()
     model = draft_model_config(base_config, run.model)
     recorded = ckpt_lib.load_prompt_format(base)

@@ -10,7 +10,8 @@ WORKDIR/adapter/ (`nn.lora.save`); WORKDIR/drafter.json records the settings. Th
 content of the base checkpoint (its checksums, not its path) are part of the run's identity
 (`train.identity`), so a rerun with other drafter settings or another base is refused unless forced.
 The data are rendered with the base checkpoint's recorded prompt format (`data.render`) unless the run
-sets prompt-format fields of its own (`data.prompt_key`, …).
+sets prompt-format fields of its own (`data.prompt_key`, …), and read with a tokenizer that must be the
+base's (`train.inherit.check_tokenizer`; the command line defaults `data.tokenizer` to it).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from ..nn import lora as lora_lib
 from ..objectives.dcd import DcdConfig, dcd_objective
 from ..objectives.drafter import DrafterConfig, drafter_objective
 from . import config as rc
+from . import inherit
 from .hooks import Hook
 from .identity import file_fingerprint
 from .loop import train
@@ -83,6 +85,7 @@ def train_drafter(cfg: DrafterRunConfig, base: str, workdir: str, *, force: bool
     if not os.path.isdir(base):
         raise FileNotFoundError(f"--base {base!r}: expected a checkpoint directory")
     base_config = ckpt_lib.load_config(base)
+    inherit.check_tokenizer(cfg.data.tokenizer, base, base_config, cfg.train.allow_tokenizer_mismatch, "--base")
     if cfg.lora.noise == "mask" and base_config.mask_token_id is None:
         raise ConfigError(f"lora.noise=mask needs a mask token, but {base} has mask_token_id=None")
     run = cfg.run_config()

@@ -9,17 +9,19 @@ A hook is an object with any of four methods (the `Hook` base class gives no-op 
   a hook may add its results to the summary;
 - `close()`: always, also after an error.
 
-Order and synchronisation (`loop.train`): hooks run in the order given. The loop keeps the device one
-step ahead of the host: a step's metrics are fetched after the next step is dispatched, and then only
-the `on_metrics` methods run. At a step where some hook's `on_step` is due, the loop instead fetches that
-step at once, checks it (a non-finite loss stops the run before any hook sees a broken state), and calls
-each hook in order, `on_step` (when due) then `on_metrics`. So, in the default order — eval, metrics log,
+Order and synchronisation (`loop.train`): hooks run in the order given. The loop keeps at most one step
+on the device: the host draws the next batch while a step runs, fetches that step's metrics, checks them
+and dispatches the next step, and only then runs the fetched step's `on_metrics` methods (while the next
+step runs). At a step where some hook's `on_step` is due, the loop instead fetches that step at once,
+checks it (a non-finite loss stops the run before any hook sees a broken state), and calls each hook in
+order, `on_step` (when due) then `on_metrics`. So, in the default order — eval, metrics log,
 progress bar, checkpoint, export, then the caller's hooks — an eval loss is in the log row of its step
 and in its checkpoint's metadata, and a caller's hook sees whether this step was saved.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 from typing import Any, Callable
@@ -37,7 +39,9 @@ class StepEvent:
     metrics: the step's host metrics (loss, grad_norm, lr and the objective's); hooks may add to
     them (the evaluator adds `eval_loss`). tokens: real (non-padding) tokens of the global batch.
     data_crc: checksum of this host's batch. state: the live train state, only during `on_step`.
-    saved: a checkpoint of this step was saved.
+    saved: a checkpoint of this step was saved. time: `time.perf_counter()` when the step's metrics
+    reached the host (the step had finished). compile_s: seconds spent compiling the train step before
+    this step ran (0 but for the first step of each compiled shape).
     """
 
     step: int
@@ -47,6 +51,8 @@ class StepEvent:
     data_crc: int
     state: dict | None = None
     saved: bool = False
+    time: float = 0.0
+    compile_s: float = 0.0
 
 
 class Hook:
@@ -85,53 +91,84 @@ class MetricsLogger(Hook):
     """Every `log_every` steps (and at the last): a row of WORKDIR/metrics.jsonl (+ TensorBoard and the
     experiment tracker, `tracker`: a function opening it, see `MetricsLog`) with
     the interval's mean loss, throughput and MFU estimate, the step's other metrics and its eval loss;
-    an eval loss at another step gets a row of its own. Summary: tokens/s and MFU over the run, the
-    first logged interval (compilation) excluded."""
+    an eval loss at another step gets a row of its own. Summary: tokens/s and MFU over the steps this
+    call ran, compilation excluded.
+
+    A resumed run logs the rows an uninterrupted run would: a checkpoint saved inside a logging interval
+    carries the interval's loss sum and step count (`resume_record`, in the checkpoint's meta record), and
+    the resumed logger continues from them (`resume_from`), so the row at the interval's end holds the
+    same mean loss. Throughput is measured over the steps this process ran (compilation excluded): the
+    time of the steps before a resume is not known after it."""
+
+    RESUME_KEY = "metrics_interval"
 
     def __init__(self, workdir: str, start_step: int, log_every: int, rows_per_step: int, seq_len: int,
                  flops_per_token: float, peak_flops: float, tracker=None):
         self.log = MetricsLog(workdir, start_step, tracker=tracker)
-        self.start, self.log_every = start_step, log_every
+        self.log_every = log_every
         self.rows_per_step, self.seq_len = rows_per_step, seq_len
         self.flops_per_token, self.peak = flops_per_token, peak_flops
         self.row: dict | None = None  # the last row written and its step
         self.row_step = -1
-        self.totals = {"tokens": 0, "time": 0.0, "flops": 0.0}
-        self._reset()
+        t0 = time.perf_counter()
+        self.totals = {"tokens": 0, "steps": 0, "compile": 0.0, "t0": t0, "t1": t0}
+        self._reset(t0)
 
-    def _reset(self) -> None:
-        self.acc = {"loss": 0.0, "n": 0, "tokens": 0, "rows": 0, "t0": time.perf_counter()}
+    def _reset(self, t0: float) -> None:
+        # loss/n: the interval's loss sum and steps (carried over a resume); timed_*: the steps this process
+        # ran in it (throughput)
+        self.acc = {"loss": 0.0, "n": 0, "tokens": 0, "timed_steps": 0, "compile": 0.0, "t0": t0}
+
+    def resume_record(self) -> dict:
+        """The open interval's loss sum and step count, for the checkpoint's meta record."""
+        return {self.RESUME_KEY: {"loss_sum": self.acc["loss"], "steps": self.acc["n"]}}
+
+    def resume_from(self, meta: dict) -> None:
+        """Continues the interval a checkpoint's meta record (`resume_record`) was saved in."""
+        saved = meta.get(self.RESUME_KEY) or {}
+        self.acc["loss"], self.acc["n"] = float(saved.get("loss_sum", 0.0)), int(saved.get("steps", 0))
+
+    def _rate(self, tokens: int, steps: int, seconds: float) -> tuple[float, float]:
+        """(tokens/s, MFU) of `steps` steps with `tokens` real tokens in `seconds`."""
+        if seconds <= 0 or not steps:
+            return math.nan, math.nan
+        flops = self.flops_per_token * self.rows_per_step * self.seq_len * steps
+        return tokens / seconds, flops / seconds / self.peak
 
     def on_metrics(self, event: StepEvent) -> None:
-        m, acc = event.metrics, self.acc
+        m, acc, t = event.metrics, self.acc, self.totals
+        now = event.time or time.perf_counter()
         acc["loss"] += m["loss"]
         acc["n"] += 1
         acc["tokens"] += event.tokens
-        acc["rows"] += self.rows_per_step
+        acc["timed_steps"] += 1
+        acc["compile"] += event.compile_s
+        t["tokens"] += event.tokens
+        t["steps"] += 1
+        t["compile"] += event.compile_s
+        t["t1"] = now
         step = event.step
         if (self.log_every and step % self.log_every == 0) or step == event.total:
-            dt = time.perf_counter() - acc["t0"]
-            flops = self.flops_per_token * acc["rows"] * self.seq_len
+            dt = now - acc["t0"] - acc["compile"]
+            tokens_per_s, mfu = self._rate(acc["tokens"], acc["timed_steps"], dt)
             row = {"loss": acc["loss"] / acc["n"], "grad_norm": m["grad_norm"], "lr": m["lr"],
-                   "tokens_per_s": acc["tokens"] / dt, "mfu": flops / dt / self.peak, "step_time_s": dt / acc["n"],
+                   "tokens_per_s": tokens_per_s, "mfu": mfu, "step_time_s": dt / acc["timed_steps"],
                    "data_crc": event.data_crc}
             row.update({k: v for k, v in m.items() if k not in ("loss", "grad_norm", "lr", "eval_loss")})
             if "eval_loss" in m:
                 row["eval_loss"] = m["eval_loss"]
             self.log.write(step, row)
             self.row, self.row_step = row, step
-            if acc["n"] and step - acc["n"] > self.start:  # the first interval includes compilation
-                self.totals["tokens"] += acc["tokens"]
-                self.totals["time"] += dt
-                self.totals["flops"] += flops
-            self._reset()
+            self._reset(now)
         elif "eval_loss" in m:
             self.log.write(step, {"eval_loss": m["eval_loss"]})
 
     def on_end(self, state: dict, summary: dict) -> None:
         t = self.totals
-        summary["tokens_per_s"] = t["tokens"] / t["time"] if t["time"] else None
-        summary["mfu"] = t["flops"] / t["time"] / self.peak if t["time"] else None
+        tokens_per_s, mfu = self._rate(t["tokens"], t["steps"], t["t1"] - t["t0"] - t["compile"])
+        summary["tokens_per_s"] = None if math.isnan(tokens_per_s) else tokens_per_s
+        summary["mfu"] = None if math.isnan(mfu) else mfu
+        summary["compile_s"] = t["compile"]
 
     def close(self) -> None:
         self.log.close()
@@ -175,19 +212,28 @@ class Evaluator(Hook):
 
 class Checkpointer(Hook):
     """Every `every` steps and at the last: the train state, the data iterator position and
-    {step, loss} (plus the step's eval loss, for keep_best) into the run's `RunCheckpointer`."""
+    {step, loss} (plus the step's eval loss, for keep_best, and what `meta()` returns, e.g. the metrics
+    logger's open interval) into the run's `RunCheckpointer`. `save` is the one way the run saves, also
+    when a signal stops it."""
 
     last = True
 
-    def __init__(self, checkpointer: RunCheckpointer, data_iterator, every: int, start_step: int):
+    def __init__(self, checkpointer: RunCheckpointer, data_iterator, every: int, start_step: int,
+                 meta: Callable[[], dict] | None = None):
         self.checkpointer, self.data_iterator, self.every = checkpointer, data_iterator, every
+        self.meta = meta or dict
         self.saved_step = start_step  # the latest step whose state is on disk (or being written)
 
+    def save(self, step: int, state: dict, metrics: dict) -> None:
+        """Saves `state` as checkpoint `step` unless that step is saved already (never twice)."""
+        if step == self.saved_step:
+            return
+        self.checkpointer.save(step, state, self.data_iterator,
+                               {"step": step, "loss": metrics.get("loss"), **self.meta()}, metrics.get("eval_loss"))
+        self.saved_step = step
+
     def on_step(self, event: StepEvent) -> None:
-        self.checkpointer.save(event.step, event.state, self.data_iterator,
-                               {"step": event.step, "loss": event.metrics.get("loss")},
-                               event.metrics.get("eval_loss"))
-        self.saved_step = event.step
+        self.save(event.step, event.state, event.metrics)
         event.saved = True
 
 

@@ -1,7 +1,8 @@
 """The training loop: `train(run_config, workdir) -> summary`.
 
 Order of work: validate everything (config vs workdir, tokenizer vs model, data files and records,
-batch vs mesh) → build mesh, objective, optimizer and shardings → restore the latest checkpoint (state
+batch vs mesh) → build mesh, objective, optimizer and shardings → check that the step's estimated memory
+fits the machine (`train.memory`; else one `OutOfMemoryError`, nothing written) → restore the latest checkpoint (state
 and data iterator) or initialise (random or `train.init_from`) → loop: batch → sharded step → hooks
 (`train.hooks`: eval, metrics log, progress bar, checkpoints; the NaN/Inf guard before any of them) →
 at the end, the objective's export of the final params.
@@ -12,8 +13,10 @@ same data content (`train.identity`; else `ConfigError`, unless `force=True`). T
 and host count may differ from the run that wrote the checkpoint; the global batch may not. The workdir's record of
 the run is rewritten only once the state is restored, so a refused or failed (forced) resume changes
 nothing. Every checkpoint read is verified against its checksums (`train.verify_checkpoints`). SIGTERM/
-SIGINT finish the current step, save a checkpoint and return with `status='interrupted'` — on several
-hosts after the same step on all of them, whichever host got the signal (`train.preemption`). A
+SIGINT finish the step running (no other is queued behind it), save it once and return with
+`status='interrupted'` — on several hosts after the same step on all of them, whichever host got the
+signal (`train.preemption`). An out-of-memory error of XLA's becomes one `OutOfMemoryError`; a run that had
+saved no checkpoint then leaves the workdir as it found it. A
 non-finite step (`NonFiniteError`) or a diverging run (`train.divergence`) stops before that step is
 checkpointed.
 """
@@ -24,6 +27,7 @@ import functools
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from typing import Any, Sequence
@@ -46,12 +50,13 @@ from ..objectives.losses import mask_id_of
 from ..objectives.zarya import zarya_objective
 from . import config as rc
 from . import identity
+from . import memory as memory_lib
 from . import sharding as shd
 from . import trackers
 from .checkpoints import RunCheckpointer, abstract_like
 from .divergence import DivergenceDetector, DivergenceError
 from .hooks import Checkpointer, Evaluator, Export, Hook, MetricsLogger, ProgressBar, StepEvent
-from .metrics import peak_flops, train_flops_per_token
+from .metrics import device_peak, train_flops_per_token
 from .preemption import StopSignal
 from .step import (NonFiniteError, StepCache, build_optimizer, host_fingerprint, init_state, make_eval_step,
                    make_train_step, state_shardings)
@@ -153,10 +158,10 @@ def _init_fn(init_params: Any, model_config: ModelConfig):
 
 
 def _initial_state(setup: _Setup, ckpt: RunCheckpointer, train_iter, init_params, optimizer, abstract_state,
-                   state_sh, init_key, run_key) -> dict:
-    """The latest checkpoint (state and data position), else `train.init_from`'s params (when no
-    `init_params` is given), else `init_params` (a tree, or key -> tree; default a fresh model init),
-    written straight into the state shardings."""
+                   state_sh, init_key, run_key) -> tuple[dict, dict]:
+    """(state, the meta record of the checkpoint it came from, else {}): the latest checkpoint (state and
+    data position), else `train.init_from`'s params (when no `init_params` is given), else `init_params` (a
+    tree, or key -> tree; default a fresh model init), written straight into the state shardings."""
     latest = ckpt.latest_step()
     verify = setup.run.train.verify_checkpoints
     carry = setup.objective.init_carry
@@ -166,23 +171,23 @@ def _initial_state(setup: _Setup, ckpt: RunCheckpointer, train_iter, init_params
             # a checkpoint of an objective without a carry, resumed (forced) with one, e.g. a drafter trained
             # with TV continued with DCD: the carry starts from the restored params
             rest = {k: v for k, v in abstract_state.items() if k != "carry"}
-            state, _ = ckpt.restore(latest, abstract_like(rest, {k: state_sh[k] for k in rest}), train_iter,
-                                    verify=verify)
+            state, meta = ckpt.restore(latest, abstract_like(rest, {k: state_sh[k] for k in rest}), train_iter,
+                                       verify=verify)
             state["carry"] = jax.jit(carry, out_shardings=state_sh["carry"])(state["params"])
             _log(f"resumed from {ckpt.directory}/{latest} (no carry saved: started from its params)")
-            return state
-        state, _ = ckpt.restore(latest, abstract_like(abstract_state, state_sh), train_iter, verify=verify)
+            return state, meta
+        state, meta = ckpt.restore(latest, abstract_like(abstract_state, state_sh), train_iter, verify=verify)
         _log(f"resumed from {ckpt.directory}/{latest}")
-        return state
+        return state, meta
     from_params = jax.jit(lambda p: init_state(p, optimizer, run_key, carry), out_shardings=state_sh)
     if init_params is None and setup.init_config is not None:
         loaded, _ = ckpt_lib.load(setup.run.train.init_from, state_sh["params"], verify=verify)
         _log(f"initialised from {setup.run.train.init_from}")
-        return from_params(loaded)
+        return from_params(loaded), {}
     if init_params is not None and not callable(init_params):
-        return from_params(init_params)
+        return from_params(init_params), {}
     init_fn = _init_fn(init_params, setup.model_config)
-    return jax.jit(lambda k: init_state(init_fn(k), optimizer, run_key, carry), out_shardings=state_sh)(init_key)
+    return jax.jit(lambda k: init_state(init_fn(k), optimizer, run_key, carry), out_shardings=state_sh)(init_key), {}
 
 
 def _frozen_on_mesh(frozen_params: Any, mesh) -> tuple[Any, Any]:
@@ -217,6 +222,19 @@ def _evaluator(setup: _Setup, steps: StepCache, frozen, total: int) -> Evaluator
     return Evaluator(eval_loss, run.train.eval_every)
 
 
+def _undo_start(workdir: str, created: bool, before: set[str]) -> None:
+    """Leaves `workdir` as it was before this call: removed again when the call created it (lock files
+    aside), else without the entries the call added."""
+    if jax.process_index() != 0 or not os.path.isdir(workdir):
+        return
+    if created:
+        workdir_lock.clear(workdir)
+        return
+    for name in set(os.listdir(workdir)) - before:
+        path = os.path.join(workdir, name)
+        shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+
+
 def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Objective | None = None,
           init_params: Any = None, frozen_params: Any = None, hooks: Sequence[Hook] = (),
           return_state: bool = False, identity_extra: dict | None = None) -> dict:
@@ -232,6 +250,10 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
     when the objective has an export and `train.export_final`). identity_extra: more JSON that
     identifies the run (compared on resume like the config, e.g. a drafter's settings and the content
     of its base checkpoint).
+
+    Raises `memory.OutOfMemoryError` (a ConfigError) when the step's estimated memory exceeds the
+    machine's (`train.memory_check`), before anything is compiled or written, and when XLA runs out of
+    memory anyway; in both cases a run that had saved no checkpoint leaves the workdir as it found it.
     """
     t0 = time.perf_counter()
     shd.maybe_initialize_distributed(run.train.distributed)
@@ -240,34 +262,51 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
     run, objective, mesh = setup.run, setup.objective, setup.mesh
     for warning in rc.degenerate(run) if jax.process_index() == 0 else ():
         print(f"warning: {warning}", file=sys.stderr, flush=True)
+    total = run.train.steps
+    init_key, run_key = jax.random.split(jax.random.PRNGKey(run.train.seed))
+    init_fn = _init_fn(init_params, setup.model_config)
+    optimizer, trainable_mask = build_optimizer(run.optim, total, jax.eval_shape(init_fn, init_key))
+    abstract_state = jax.eval_shape(lambda k: init_state(init_fn(k), optimizer, run_key, objective.init_carry),
+                                    init_key)
+    state_sh = state_shardings(abstract_state, optimizer, mesh)
+    frozen, frozen_sh = _frozen_on_mesh(frozen_params, mesh)
+    # ---- will the step fit? Checked with the frozen params already in memory, before anything is written.
+    device = mesh.devices.flat[0]
+    estimate = memory_lib.estimate_train_step(
+        setup.model_config, abstract_state, state_sh, mesh, batch_size=run.data.batch_size,
+        max_length=run.data.max_length, grad_accum=run.optim.grad_accum_steps,
+        forward_passes=objective.forward_passes, async_checkpointing=run.train.async_checkpointing)
+    _log(memory_lib.check(estimate, device, setup.model_config, mesh) if run.train.memory_check else
+         f"memory: estimated {estimate.describe()}; not checked (train.memory_check=false)")
+
+    def out_of_memory(e: BaseException, where: str) -> memory_lib.OutOfMemoryError | None:
+        if not memory_lib.is_out_of_memory(e):
+            return None
+        return memory_lib.out_of_memory_error(e, estimate, setup.model_config, mesh, where)
+
     # ---- state: restore or initialise, straight onto the mesh. A failure here (a damaged or unfitting
     # checkpoint) leaves the workdir as it was: a workdir this call created is removed again.
     created = workdir_lock.is_new(workdir)
+    before = set(os.listdir(workdir)) if os.path.isdir(workdir) else set()
     os.makedirs(workdir, exist_ok=True)
     ckpt = None
     try:
-        total = run.train.steps
-        init_key, run_key = jax.random.split(jax.random.PRNGKey(run.train.seed))
-        init_fn = _init_fn(init_params, setup.model_config)
-        optimizer, trainable_mask = build_optimizer(run.optim, total, jax.eval_shape(init_fn, init_key))
-        abstract_state = jax.eval_shape(lambda k: init_state(init_fn(k), optimizer, run_key, objective.init_carry),
-                                        init_key)
-        state_sh = state_shardings(abstract_state, optimizer, mesh)
-        frozen, frozen_sh = _frozen_on_mesh(frozen_params, mesh)
         train_iter = iter(data_lib.make_dataset(setup.splits.train, run.data, local_batch=setup.local_batch,
                                                 pad_id=setup.tokenizer.pad_id, process_index=jax.process_index(),
                                                 process_count=jax.process_count()))
         ckpt = RunCheckpointer(workdir, keep=run.train.keep, keep_best=run.train.keep_best,
                                async_save=run.train.async_checkpointing)
-        state = _initial_state(setup, ckpt, train_iter, init_params, optimizer, abstract_state, state_sh, init_key,
-                               run_key)
+        state, resume_meta = _initial_state(setup, ckpt, train_iter, init_params, optimizer, abstract_state,
+                                            state_sh, init_key, run_key)
         if jax.process_index() == 0:  # only now: a refused or failed restore leaves the workdir's record as it was
             identity.record(run, workdir, identity_extra)
-    except BaseException:
+    except BaseException as e:
         if ckpt is not None:
             ckpt.close()
-        if created and jax.process_index() == 0:
-            workdir_lock.clear(workdir)
+        _undo_start(workdir, created, before)
+        oom = out_of_memory(e, "initialising the train state")
+        if oom is not None:
+            raise oom from None
         raise
     start = int(state["step"])
     detector = DivergenceDetector(run.train.divergence, float(jax.jit(optax.tree.norm)(state["params"])))
@@ -275,9 +314,9 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
                       make_eval_step(objective, total, mesh), state_sh, frozen_sh, mesh, BATCH_KEYS)
 
     flops_tok = train_flops_per_token(setup.model_config, run.data.max_length, objective.forward_passes)
-    peak, peak_note = peak_flops(mesh.devices.flatten().tolist(), run.train.peak_flops)
+    peak = device_peak(mesh.devices.flatten().tolist(), run.train.peak_flops, setup.model_config.dtype)
     _log(f"model {setup.model_config.num_params() / 1e6:.2f}M params; mesh {dict(mesh.shape)}; batch "
-         f"{run.data.batch_size}×{run.data.max_length}; steps {start}→{total}; MFU peak: {peak_note}")
+         f"{run.data.batch_size}×{run.data.max_length}; steps {start}→{total}; MFU peak: {peak.note}")
 
     # ---- hooks, in the order they run (see train.hooks)
     t = run.train
@@ -285,8 +324,9 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
         trackers.open_tracker, t.tracker, project=t.tracker_project, group=t.tracker_group, name=t.tracker_run,
         config=run.to_dict(), workdir=workdir)
     logger = MetricsLogger(workdir, start, run.train.log_every, run.data.batch_size, run.data.max_length,
-                           flops_tok, peak, tracker)
-    saver = Checkpointer(ckpt, train_iter, run.train.save_every, start)
+                           flops_tok, peak.flops, tracker)
+    logger.resume_from(resume_meta)
+    saver = Checkpointer(ckpt, train_iter, run.train.save_every, start, meta=logger.resume_record)
     all_hooks = [h for h in (
         _evaluator(setup, steps, frozen, total), logger,
         ProgressBar(total, start, logger) if run.train.progress_bar and jax.process_index() == 0 else None,
@@ -296,18 +336,30 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
     ) if h is not None] + list(hooks)
 
     summary: dict[str, Any] = {"status": "completed", "workdir": os.path.abspath(workdir), "start_step": start,
-                               "data_stats": setup.splits.stats, "peak_flops_note": peak_note}
+                               "data_stats": setup.splits.stats, "peak_flops": peak.flops,
+                               "peak_flops_source": peak.source, "peak_flops_note": peak.note,
+                               "memory_estimate_bytes": estimate.pool}
     flag = StopSignal()
+    failure = None
     try:
-        state, last_loss = _run_steps(state, frozen, steps, objective, train_iter, setup, all_hooks, saver, ckpt,
-                                      flag, start, total, summary, detector)
+        state, last_loss = _run_steps(state, frozen, steps, objective, train_iter, setup, all_hooks, saver, flag,
+                                      start, total, summary, detector)
+    except Exception as e:
+        failure = out_of_memory(e, "in the train step")
+        if failure is None:
+            raise
     finally:
         flag.restore()
         for h in all_hooks:
             h.close()
         ckpt.close()
+    if failure is not None:
+        if start == 0 and saver.saved_step == 0:  # nothing was checkpointed: as if the run never started
+            _undo_start(workdir, created, before)
+        raise failure from None
     summary.update(step=int(state["step"]), loss=last_loss, eval_loss=None, tokens_per_s=None, mfu=None,
                    checkpoint_dir=ckpt.directory, final_params=None)
+    summary["memory_peak_bytes"], summary["memory_peak_source"] = memory_lib.peak_used(device)
     for h in all_hooks:
         h.on_end(state, summary)
     summary["wall_s"] = time.perf_counter() - t0
@@ -318,7 +370,7 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
 
 
 SUMMARY_FILE = "summary.json"
-_RECORDED = ("loss", "eval_loss", "tokens_per_s", "mfu", "wall_s")
+_RECORDED = ("loss", "eval_loss", "tokens_per_s", "mfu", "compile_s", "memory_peak_bytes", "wall_s")
 
 
 def _record_summary(workdir: str, summary: dict) -> None:
@@ -340,23 +392,45 @@ def _record_summary(workdir: str, summary: dict) -> None:
 
 
 def _run_steps(state, frozen, steps: StepCache, objective: Objective, train_iter, setup: _Setup,
-               hooks: list[Hook], saver: Checkpointer, ckpt: RunCheckpointer, flag: StopSignal, start: int,
-               total: int, summary: dict, detector: DivergenceDetector) -> tuple[dict, float | None]:
+               hooks: list[Hook], saver: Checkpointer, flag: StopSignal, start: int, total: int, summary: dict,
+               detector: DivergenceDetector) -> tuple[dict, float | None]:
     """Steps `start` → `total` (see `train.hooks` for when hooks run and the host synchronises).
-    Returns (final state, last step loss); a signal sets `summary['status']` to 'interrupted'."""
+    Returns (final state, last step loss); a signal sets `summary['status']` to 'interrupted'.
+
+    At most one step is on the device at a time: the host draws and places the next batch while a step
+    runs, waits for that step (its metrics), then asks whether a signal came (`StopSignal.reached`) and only
+    then dispatches the next step, so a signal at any moment costs at most the step already running, and
+    the run saves the state after it once. The batch drawn for a step that never ran is put back (the data
+    iterator's position is restored) before that save, so the resumed run sees it. Each shape's step is
+    compiled ahead of its first run (`jit(...).lower(...).compile()`): the compile is timed (excluded from
+    throughput) and a signal during it stops the run before the step runs."""
     mesh = setup.mesh
     last: dict[str, float] = {}
+    programs: dict[Any, Any] = {}
 
     def last_checkpoint() -> str:
-        step = ckpt.latest_step()
+        step = saver.checkpointer.latest_step()
         return ("no checkpoint was written" if step is None else
-                f"the last checkpoint, {ckpt.step_dir(step)}, was written from a healthy state")
+                f"the last checkpoint, {saver.checkpointer.step_dir(step)}, was written from a healthy state")
+
+    def program(static, state, batch) -> tuple[Any, float]:
+        """(the train step compiled for `static`, seconds spent compiling it now)."""
+        if static in programs:
+            return programs[static], 0.0
+        t = time.perf_counter()
+        _log("compiling the train step" + (f" ({objective.name}, static {static!r})" if static is not None else "")
+             + "…")
+        programs[static] = steps.train(static).lower(state, frozen, batch).compile()
+        seconds = time.perf_counter() - t
+        _log(f"compiled the train step in {seconds:.1f} s")
+        return programs[static], seconds
 
     def fetch(pending) -> StepEvent:
         """The host side of a dispatched step: its metrics, checked for NaN/Inf and divergence before any
         hook sees them (synchronises on the step)."""
-        step_no, metrics, tokens, crc = pending
+        step_no, metrics, tokens, crc, compile_s = pending
         m = jax.device_get(metrics)
+        done = time.perf_counter()
         if int(m["bad_step"]) >= 0:
             raise NonFiniteError(
                 f"loss, gradient or params became non-finite at step {int(m['bad_step']) + 1} "
@@ -370,31 +444,36 @@ def _run_steps(state, frozen, steps: StepCache, objective: Objective, train_iter
                                   "train.divergence.*")
         last.clear()
         last.update({k: float(v) for k, v in m.items() if k != "bad_step"})
-        return StepEvent(step_no, total, dict(last), tokens, crc)
+        return StepEvent(step_no, total, dict(last), tokens, crc, time=done, compile_s=compile_s)
 
     def emit(event: StepEvent) -> None:
         for h in hooks:
             h.on_metrics(event)
 
-    pending = None
+    pending = None  # the step on the device: (step number, metrics, tokens, data crc, compile seconds)
     for step in range(start, total):
-        if flag.reached(step):  # a signal (here or, on several hosts, on any host): save what is done, stop
-            if pending is not None:
-                emit(fetch(pending))
-                pending = None
-            if saver.saved_step != step:
-                ckpt.save(step, state, train_iter, {"step": step, "loss": last.get("loss")})
-            summary["status"] = "interrupted"
-            summary["signal"] = int(flag.signum)
-            _log(f"signal {flag.signum}: saved checkpoint {step}, stopping")
-            break
-        local = next(train_iter)
+        position = train_iter.get_state()
+        local = next(train_iter)  # host work while the previous step runs
         crc = host_fingerprint(local)
         tokens = int((local["segment_ids"] > 0).sum()) * jax.process_count()
-        state, metrics = steps.train(objective.static_at(step, total))(state, frozen, shd.global_batch(local, mesh))
-        if pending is not None:  # the previous step, while this one runs on the device
-            emit(fetch(pending))
-        pending = (step + 1, metrics, tokens, crc)
+        batch = shd.global_batch(local, mesh)
+        previous = fetch(pending) if pending is not None else None  # waits for the step in flight
+        pending = None
+        fn, compile_s = program(objective.static_at(step, total), state, batch)
+        if flag.reached(step):  # a signal (here or, on several hosts, on any host): save what is done, stop
+            if previous is not None:
+                emit(previous)
+            train_iter.set_state(position)  # this batch was not trained on
+            saver.save(step, state, last)
+            summary["status"] = "interrupted"
+            summary["signal"] = int(flag.signum)
+            _log(f"signal {flag.signum}: " + (f"saved checkpoint {step}" if step > start else
+                                               "no step ran since the start, nothing to save") + ", stopping")
+            break
+        state, metrics = fn(state, frozen, batch)
+        pending = (step + 1, metrics, tokens, crc, compile_s)
+        if previous is not None:  # its hooks run while this step runs on the device
+            emit(previous)
         due = [h.due(step + 1, total) for h in hooks]
         if any(due):
             event = fetch(pending)

@@ -1,14 +1,17 @@
 """Metrics: JSONL + TensorBoard (+ Weights & Biases / trackio, `trackers`) writers, the
 model-FLOPs-utilisation (MFU) estimate, and the device tables (bf16 peak FLOP/s, HBM bandwidth) that MFU
-and the decode roofline are measured against."""
+and the decode roofline are measured against; a device with no table entry (a CPU) gets its peak measured."""
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
-from typing import Callable
+import time
+from typing import Callable, NamedTuple
 
 import jax
+import jax.numpy as jnp
 
 from ..config import ModelConfig
 from ..files import atomic_write
@@ -53,32 +56,57 @@ def hbm_bandwidth(device=None, override: float = 0.0) -> tuple[float | None, str
     return value, f"{device.device_kind} {value / 1e9:.0f} GB/s"
 
 
-def _cpu_core_peak() -> float:
-    """Assumed fp32 peak of one CPU core: 2 FMA units × SIMD lanes × 2 flops × 3 GHz."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        flags = ""
-    lanes = 16 if "avx512f" in flags else 8
-    return 2 * lanes * 2 * 3.0e9
+class Peak(NamedTuple):
+    """Peak FLOP/s of a set of devices: `flops` (total), `source` ('given': `train.peak_flops`; 'table':
+    `PEAK_FLOPS`; 'measured': `measured_peak`) and a `note` saying how it was obtained."""
+
+    flops: float
+    source: str
+    note: str
 
 
-def peak_flops(devices=None, override: float = 0.0) -> tuple[float, str]:
-    """(total peak FLOP/s of `devices`, how it was obtained). CPU devices share the host's cores,
-    so their peak is the host's assumed peak whatever the number of (virtual) devices."""
+def _bench_size(device) -> int:
+    return 1024 if device.platform == "cpu" else 8192
+
+
+@functools.cache
+def measured_peak(device, dtype: str = "float32") -> float:
+    """FLOP/s of a square matmul in `dtype` on `device`, the best of a few runs (about a second on a CPU;
+    measured once per process and device). On CPU it is the host's: one device's program uses every core."""
+    n = _bench_size(device)
+    a = jax.device_put(jnp.ones((n, n), dtype), device)
+    matmul = jax.jit(lambda x, y: x @ y)
+    jax.block_until_ready(matmul(a, a))  # compile and warm up
+    best = math.inf
+    for _ in range(5):
+        t = time.perf_counter()
+        jax.block_until_ready(matmul(a, a))
+        best = min(best, time.perf_counter() - t)
+    return 2 * n ** 3 / best
+
+
+def device_peak(devices=None, override: float = 0.0, dtype: str = "float32") -> Peak:
+    """The peak FLOP/s MFU is measured against: `override` per device when given, else the device table
+    (bf16 data sheets), else a matmul in the compute `dtype` measured here (`measured_peak`). CPU devices
+    share the host's cores, so their peak is the host's whatever the number of (virtual) devices."""
     devices = list(jax.devices() if devices is None else devices)
     if override > 0:
-        return override * len(devices), f"given ({override:.3g}/device)"
+        return Peak(override * len(devices), "given", f"given ({override:.3g}/device)")
     kind = devices[0].device_kind
-    if devices[0].platform == "cpu":
-        cores = os.cpu_count() or 1
-        per_core = _cpu_core_peak()
-        return cores * per_core, f"assumed CPU peak: {cores} cores × {per_core / 1e9:.0f} GFLOP/s (estimate)"
-    peak = _lookup(PEAK_FLOPS, kind)
+    peak = None if devices[0].platform == "cpu" else _lookup(PEAK_FLOPS, kind)
     if peak is not None:
-        return peak * len(devices), f"{kind} bf16 peak {peak / 1e12:.0f} TFLOP/s × {len(devices)}"
-    return math.nan, f"unknown device kind {kind!r}: set train.peak_flops"
+        return Peak(peak * len(devices), "table", f"{kind} bf16 peak {peak / 1e12:.0f} TFLOP/s × {len(devices)}")
+    one = measured_peak(devices[0], dtype)
+    n = 1 if devices[0].platform == "cpu" else len(devices)
+    size = _bench_size(devices[0])
+    return Peak(one * n, "measured", f"measured: {size}×{size} {dtype} matmul at {one / 1e9:.1f} GFLOP/s"
+                + (f" × {n}" if n > 1 else " (the host's cores)" if devices[0].platform == "cpu" else ""))
+
+
+def peak_flops(devices=None, override: float = 0.0, dtype: str = "float32") -> tuple[float, str]:
+    """(total peak FLOP/s of `devices`, how it was obtained): `device_peak`'s value and note."""
+    peak = device_peak(devices, override, dtype)
+    return peak.flops, peak.note
 
 
 def train_flops_per_token(config: ModelConfig, seq_len: int, forward_passes: float = 1.0) -> float:
