@@ -105,6 +105,19 @@ def training_lock(workdir: str, command: str, distributed: str = "auto"):
     return workdir_lock(workdir, command, name=host_lock_name(jax.process_index(), jax.process_count()))
 
 
+def decode_mesh():
+    """The mesh `generate` and `evaluate` read a checkpoint onto (`load_for_inference(mesh=)`): FSDP over
+    this host's devices, each param's hidden dim split over them and the batch spread across them (the
+    decoding layout `bench aot` compiles), so that no device holds the model whole; None on one device,
+    where the params go to it as they would without a mesh."""
+    import jax
+
+    from zarya_jax.train.sharding import MeshConfig, make_mesh
+
+    devices = jax.local_devices()
+    return make_mesh(MeshConfig(data=1, fsdp=-1), devices) if len(devices) > 1 else None
+
+
 def add_set_flag(p: argparse.ArgumentParser, example: str = "optim.lr=1e-3") -> None:
     """`--set KEY=VALUE` (repeatable): a dotted key of the command's config tree (listed in its `--help`),
     the one override flag every command takes; `set_overrides` reads it."""

@@ -206,7 +206,8 @@ def _run(args) -> int:
     check_writable_dir(out, "--out")  # now, not after the decoding
     model = load_for_inference(ckpt, tokenizer=args.tokenizer, adapter=args.lora,
                                draft=args.draft_ckpt if "spec-model" in ev.modes else None,
-                               verify=not args.no_verify, format_overrides=format_overrides(args))
+                               verify=not args.no_verify, format_overrides=format_overrides(args),
+                               mesh=cli.decode_mesh())
     summary, predictions = evaluate(model, records, ev, knobs=knobs)
     diag = diagnose.analyse(model, records, summary, predictions, sizes) if args.diagnose else None
     extra = {"ckpt": os.path.abspath(ckpt), "data": os.path.abspath(args.data), "arguments": vars(args),

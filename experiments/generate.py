@@ -133,7 +133,8 @@ def _run(args) -> int:
         check_writable_file(args.output, "--output")
     model = load_for_inference(args.ckpt, tokenizer=args.tokenizer, adapter=args.lora if with_lora else None,
                                draft=args.draft_ckpt if with_draft else None,
-                               verify=not args.no_verify, format_overrides=format_overrides(args))
+                               verify=not args.no_verify, format_overrides=format_overrides(args),
+                               mesh=cli.decode_mesh())
     params, config, tokenizer, fmt = model.params, model.config, model.tokenizer, model.prompt_format
     texts = read_prompts(args, fmt.prompt_key)
     prompts = [tokenizer.encode(render_prompt(t, tokenizer, fmt)) for t in texts]

@@ -128,23 +128,38 @@ def _call(main, argv: list[str], what: str) -> None:
     _check(code == 0, f"{what} exited with status {code}")
 
 
-def write_hf_model(directory: str, tokenizer_dir: str, hidden: int, layers: int, seed: int = 0) -> None:
-    """A random `Qwen3ForCausalLM` with Qwen3's vocabulary and special ids (tied embedding, as 0.6B), saved
-    as safetensors with the tokenizer files beside it."""
+def tiny_shape(hidden: int, layers: int):
+    """A small `ModelConfig` with Qwen3's vocabulary and special ids (heads of 32, kv heads half the heads)."""
+    from zarya_jax.config import ModelConfig
+
+    heads = max(2, hidden // 32)
+    return ModelConfig(vocab_size=QWEN3_VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_layers=layers,
+                       num_heads=heads, num_kv_heads=heads // 2, head_dim=32, max_position_embeddings=512,
+                       tie_word_embeddings=True, eos_token_id=151645)
+
+
+def write_hf_model(directory: str, tokenizer_dir: str | None, hidden: int = 128, layers: int = 2, seed: int = 0, *,
+                   shape=None, dtype: str = "float32") -> None:
+    """A random `Qwen3ForCausalLM` with Qwen3's vocabulary and special ids, saved as safetensors in `dtype`
+    (Qwen3's own checkpoints are bfloat16) with the tokenizer files of `tokenizer_dir` beside it (None: none).
+    `shape` (a `ModelConfig`, e.g. a `zarya_jax.config` preset) gives the dimensions; without it
+    `tiny_shape(hidden, layers)` (tied embedding, as 0.6B)."""
     import shutil
 
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    from zarya_jax.config import to_hf_dict
+
     torch.manual_seed(seed)
-    heads = max(2, hidden // 32)
-    config = Qwen3Config(vocab_size=QWEN3_VOCAB, hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads // 2,
-                         head_dim=32, max_position_embeddings=512, tie_word_embeddings=True,
-                         bos_token_id=151643, eos_token_id=151645, pad_token_id=151643, torch_dtype="float32")
-    model = Qwen3ForCausalLM(config).eval()
+    hf = {k: v for k, v in to_hf_dict(shape or tiny_shape(hidden, layers)).items()
+          if v is not None and k not in ("architectures", "model_type", "rope_parameters", "dtype")}
+    config = Qwen3Config(**{**hf, "bos_token_id": 151643, "eos_token_id": 151645, "pad_token_id": 151643},
+                         torch_dtype=dtype)
+    model = Qwen3ForCausalLM(config).eval().to(getattr(torch, dtype))
     model.save_pretrained(directory, safe_serialization=True)
-    for name in os.listdir(tokenizer_dir):
+    del model
+    for name in os.listdir(tokenizer_dir) if tokenizer_dir else ():
         shutil.copyfile(os.path.join(tokenizer_dir, name), os.path.join(directory, name))
 
 
@@ -168,7 +183,12 @@ def check_mask_row(hf_dir: str, ckpt: str) -> None:
 
 def check_export(ckpt: str, hf_dir: str, prompt: str, max_new_tokens: int = 8) -> dict:
     """The exported directory in transformers: logits vs `zarya_jax.model.forward`, and greedy text vs
-    `generate(mode="ar")`, both decoded with the exported `AutoTokenizer`."""
+    `generate(mode="ar")`, both decoded with the exported `AutoTokenizer`. Both sides compute in float32,
+    the JAX side from the checkpoint's params rounded to the dtype the export stored (its `config.json`),
+    so the check measures the conversion, not the rounding `jax_to_hf --dtype` asked for; the difference
+    to the unrounded params is reported beside it."""
+    import dataclasses
+
     import jax
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -177,17 +197,26 @@ def check_export(ckpt: str, hf_dir: str, prompt: str, max_new_tokens: int = 8) -
     from zarya_jax.model import forward
     from zarya_jax.sampling import GenerationConfig, generate
 
-    params, config = checkpoint.load(ckpt)
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        hf_config = json.load(f)
+    stored = hf_config.get("dtype") or hf_config.get("torch_dtype") or "float32"
     tok = AutoTokenizer.from_pretrained(hf_dir, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, local_files_only=True, dtype=torch.float32).eval()
     ids = tok.encode(prompt, add_special_tokens=False)
+    params, config = checkpoint.load(ckpt)
+    config = dataclasses.replace(config, dtype="float32", param_dtype="float32")
+    logits = lambda p: np.asarray(forward(p, config, np.asarray([ids], np.int32)))[0]
+    params = jax.tree.map(lambda a: np.asarray(a, np.float32), params)
+    exact_logits = logits(params)  # the checkpoint's params, unrounded
+    params = jax.tree.map(lambda a: a.astype(jax.numpy.dtype(stored)).astype(np.float32), params)
+    jax_logits = logits(params)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, local_files_only=True, dtype=torch.float32).eval()
     with torch.no_grad():
         hf_logits = model(torch.tensor([ids])).logits[0].numpy()
-    jax_logits = np.asarray(forward(params, config, np.asarray([ids], np.int32)))[0]
-    diff = float(np.abs(hf_logits - jax_logits).max())
     _check(hf_logits.shape == jax_logits.shape == (len(ids), config.vocab_size),
            f"logits shapes {hf_logits.shape} vs {jax_logits.shape}")
+    diff = float(np.abs(hf_logits - jax_logits).max())
     _check(diff <= 1e-4, f"exported logits differ from the JAX model's by {diff:.2e} (> 1e-4)")
+    unrounded = float(np.abs(hf_logits - exact_logits).max())
     with torch.no_grad():
         out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
                              eos_token_id=None, pad_token_id=config.pad_token_id)
@@ -197,7 +226,8 @@ def check_export(ckpt: str, hf_dir: str, prompt: str, max_new_tokens: int = 8) -
     ours = np.asarray(gen.tokens)[0, :int(gen.lengths[0])].tolist()
     jax_text = tok.decode(ours, skip_special_tokens=True)
     _check(hf_text == jax_text, f"greedy text differs: transformers {hf_text!r} vs zarya_jax {jax_text!r}")
-    return {"max_abs_logit_diff": diff, "greedy_text": jax_text, "prompt_tokens": len(ids)}
+    return {"max_abs_logit_diff": diff, "export_dtype": stored, "max_abs_logit_diff_unrounded": unrounded,
+            "greedy_text": jax_text, "prompt_tokens": len(ids)}
 
 
 def check_peft(ckpt: str, adapter_dir: str, hf_dir: str, peft_dir: str, prompt_ids: list[int]) -> float:

@@ -161,7 +161,7 @@ CASES = [
      "not on-policy"),
     ("rl/unknown-arm", rl, "--base {ckpt} --workdir {root}/w --arm spec-lora --set data.train={data}", "rl.arm"),
     ("rl/self-without-mask", rl, "--base {nomask} --workdir {root}/w --arm self --set data.train={data}",
-     "mask token"),
+     "--add-mask-token"),
     ("rl/base-missing", rl, "--base {root}/nope --workdir {root}/w --set data.train={data}", "does not exist"),
     ("rl/no-data", rl, "--base {ckpt} --workdir {root}/w", "data.train"),
     ("rl/workdir-is-base", rl, "--base {ckpt} --workdir {ckpt} --set data.train={data}", "--workdir"),
@@ -180,7 +180,7 @@ CASES = [
     ("drafter/base-truncated", train_drafter, "--base {truncated} --workdir {root}/w --set data.train={data}",
      "is damaged"),
     ("drafter/mask-noise", train_drafter, "--base {nomask} --workdir {root}/w --set data.train={data} "
-     "--set lora.noise=mask", "needs a mask token"),
+     "--set lora.noise=mask", "--add-mask-token"),
     ("drafter/unknown-key", train_drafter, "--base {ckpt} --workdir {root}/w --set lora.rnk=4", "lora.rnk"),
     ("drafter/layers-name", train_drafter, "--base {ckpt} --workdir {root}/w --set data.train={data} "
      "--set lora.layers=middle", "LoraConfig.layers='middle'"),
@@ -196,7 +196,7 @@ CASES = [
     ("generate/not-ckpt", generate, "--ckpt {badtok} --prompt hi", "is not a zarya_jax checkpoint"),
     ("generate/knob-for-other-mode", generate, "--ckpt {ckpt} --prompt hi --mode ar --set slot_size=4",
      "not read by mode 'ar'"),
-    ("generate/no-mask", generate, "--ckpt {nomask} --prompt hi --mode mdm", "needs a mask token"),
+    ("generate/no-mask", generate, "--ckpt {nomask} --prompt hi --mode mdm", "--add-mask-token"),
     ("generate/passes-self", generate, "--ckpt {ckpt} --prompt hi --mode spec --set drafter=self --set draft_passes=2",
      "draft_passes=2 re-drafts with the LoRA drafter"),
     ("generate/output-dir", generate, "--ckpt {ckpt} --prompt hi --output {badtok}", "is a directory"),
@@ -231,7 +231,7 @@ CASES = [
     ("evaluate/knob-range", evaluate, "--ckpt {ckpt} --data {data} --modes slotted --knob slotted.slot_size=0 "
      "--out {root}/e", "slot_size=0"),
     ("evaluate/no-mask-before-ar", evaluate, "--ckpt {nomask} --data {data} --modes ar,mdm --out {root}/e",
-     "needs a mask token"),
+     "--add-mask-token"),
     ("evaluate/bad-lora", evaluate, "--ckpt {ckpt} --data {data} --modes spec-lora --lora {lora} --out {root}/e",
      "not a safetensors file"),
     ("evaluate/spec-lora-no-lora", evaluate, "--ckpt {ckpt} --data {data} --modes spec-lora --out {root}/e",

@@ -3,6 +3,7 @@
 here as the reference), no [B, L, V] array in any train step's program, and Uno's drafter step's per-chip
 memory independent of the global batch (the TPU compiler's buffer assignment)."""
 import functools
+import re
 
 import jax
 import jax.extend
@@ -91,9 +92,8 @@ def test_head_token_cross_entropy_equals_full_logits(tiny_config, tiny_params):
     weights = jnp.asarray(rng.random((3, 13)), jnp.float32)
 
     def loss(params, h, blockwise):
-        head = functools.partial(model_lib.lm_head, params, tiny_config)
-        ce, hit = (losses.head_token_cross_entropy(head, h, targets) if blockwise
-                   else losses.token_cross_entropy(head(h), targets))
+        ce, hit = (losses.head_token_cross_entropy(params, tiny_config, h, targets) if blockwise
+                   else losses.token_cross_entropy(model_lib.lm_head(params, tiny_config, h), targets))
         return jnp.sum(weights * ce), (ce, hit)
 
     (got, (ce, hit)), g = jax.value_and_grad(loss, (0, 1), has_aux=True)(tiny_params, hidden, True)
@@ -122,6 +122,42 @@ def test_zarya_loss_and_gradients_equal_full_logits(tiny_config, tiny_params, zc
     assert_trees_close(m, m_ref, rtol=1e-5)
     assert_trees_close(g, g_ref)  # every param, the tied embedding included
     assert_no_full_logits(jax.grad(fns[0], has_aux=True), tiny_params, vocab=tiny_config.vocab_size)
+
+
+def test_head_gradient_reduced_once_under_a_mesh(tiny_config, tiny_params):
+    """On a data × FSDP mesh the blockwise loss runs per device: the tied embedding is gathered once and its
+    gradient reduce-scattered once after the block loop (never all-reduced inside it), with the loss and
+    gradients of the unsharded computation."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from zarya_jax.train import sharding as shd
+
+    zc = ZaryaConfig()
+    batch = random_batch(5, rows=8, length=16)
+    key = jax.random.PRNGKey(2)
+    fn = jax.value_and_grad(lambda p, b: losses.zarya_loss(p, tiny_config, zc, b, key, 2), has_aux=True)
+    want = jax.jit(fn)(tiny_params, batch)
+    mesh = shd.make_mesh(shd.MeshConfig(data=2, fsdp=4, tensor=1), jax.devices()[:8])
+    params = jax.device_put(tiny_params, shd.tree_shardings(tiny_params, mesh))
+    rows = jax.device_put(batch, NamedSharding(mesh, P(("data", "fsdp"))))
+
+    def sharded(p, b):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return fn(p, b)
+
+    lowered = jax.jit(sharded).lower(params, rows)
+    assert_trees_close(lowered.compile()(params, rows), want)
+    d, v = tiny_config.hidden_size, tiny_config.vocab_size
+    ops = collectives(lowered.as_text())
+    assert ops["all_gather"] == [f"{d // 4}x{v}"] and ops["reduce_scatter"] == [f"{d}x{v}"], ops
+    assert not {f"{d}x{v}", f"{v}x{d}"} & set(ops["all_reduce"]), ops  # only the data axis' sum of a shard
+
+
+def collectives(stablehlo: str) -> dict[str, list[str]]:
+    """The operand shape ('64x264') of every all-reduce, reduce-scatter and all-gather of a lowered program."""
+    return {kind: [re.search(r": \(tensor<([\dx]+)x\w+>\) ->", chunk).group(1)
+                   for chunk in stablehlo.split(f'"stablehlo.{kind}"')[1:]]
+            for kind in ("all_reduce", "reduce_scatter", "all_gather")}
 
 
 def test_ar_objective_equals_full_logits(tiny_config, tiny_params):

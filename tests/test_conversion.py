@@ -368,25 +368,47 @@ def test_converters_report_progress(hf_dir, ckpt, tmp_path, capsys):
 
 
 def test_missing_mask_token_errors_name_the_remedy(ckpt):
-    """Every refusal of a model without a mask token says how to get one: re-convert with --add-mask-token."""
-    from zarya_jax.config import ConfigError
+    """Every refusal of a model without a mask token says how to get one: re-convert with --add-mask-token
+    (the objectives, the decoders and their checks, the adapters' mask noise, evaluation)."""
+    import jax
+
+    from zarya_jax.config import ConfigError, LoraConfig
     from zarya_jax.eval.diagnose import teacher_forced
+    from zarya_jax.eval.evaluate import check_mask_token
+    from zarya_jax.nn.lora import noise_tokens
+    from zarya_jax.objectives.dcd import DcdConfig, dcd_objective
+    from zarya_jax.objectives.drafter import DrafterConfig, drafter_objective
     from zarya_jax.objectives.losses import mask_id_of
+    from zarya_jax.sampling import spec
     from zarya_jax.sampling.config import GenerationConfig
 
     config = checkpoint.load_config(ckpt)
     assert config.mask_token_id is None
     remedy = "python -m conversion.hf_to_jax --hf-dir HF_DIR --out CKPT --add-mask-token"
-    with pytest.raises(ConfigError, match="mask_token_id is None") as e:
-        mask_id_of(config)
-    assert remedy in str(e.value)
-    for mode in ("mdm", "slotted"):
-        with pytest.raises(ValueError, match="needs a mask token") as e:
-            GenerationConfig(mode=mode).validate(config)
-        assert remedy in str(e.value)
-    with pytest.raises(ValueError, match="mask_token_id is None") as e:
-        teacher_forced(None, config, [([1, 2], [3])], slot_size=1)
-    assert remedy in str(e.value)
+    mask_noise = LoraConfig(noise="mask")
+    refusals = {
+        "zarya objective": lambda: mask_id_of(config),
+        "teacher-forced accuracy": lambda: teacher_forced(None, config, [([1, 2], [3])], slot_size=1),
+        "drafter objective": lambda: drafter_objective(config, mask_noise, DrafterConfig()),
+        "dcd objective": lambda: dcd_objective(config, mask_noise, DrafterConfig(), DcdConfig(), 10),
+        "mask noise": lambda: noise_tokens(jax.random.PRNGKey(0), (2,), config.vocab_size, None, "mask"),
+        "mask-noise adapter": lambda: spec.check(config, GenerationConfig(mode="spec", drafter="lora"), {}, mask_noise),
+        "evaluate": lambda: check_mask_token({"mdm": GenerationConfig(mode="mdm")}, config, str(ckpt)),
+        **{f"mode {mode}": (lambda mode=mode: GenerationConfig(mode=mode).validate(config))
+           for mode in ("mdm", "slotted")},
+        "self drafter": lambda: GenerationConfig(mode="spec", drafter="self").validate(config),
+    }
+    for what, refuse in refusals.items():
+        with pytest.raises(ValueError, match="mask_token_id is None") as e:
+            refuse()
+        assert remedy in str(e.value), what
+    # decoders that read no mask token pass
+    for gen in (GenerationConfig(mode="ar"), GenerationConfig(mode="spec", drafter="lora")):
+        assert not gen.needs_mask_token
+        gen.validate(config)
+    check_mask_token({"ar": GenerationConfig(mode="ar")}, config, str(ckpt))
+    with pytest.raises(ConfigError, match=f"modes mdm, slotted need a mask token, but the checkpoint '{ckpt}'"):
+        check_mask_token({m: GenerationConfig(mode=m) for m in ("ar", "mdm", "slotted")}, config, str(ckpt))
 
 
 # ---------------------------------------------------------------- bad input

@@ -105,6 +105,49 @@ def test_train_then_drafter_read_the_checkpoints_tokenizer(qwen3, capsys):
     assert "data.batch_size" not in inherited and inherited["data.max_length"] == 64
 
 
+def test_train_api_applies_the_same_rule(qwen3, tmp_path):
+    """`train()` called from Python takes `train.init_from`'s tokenizer as the CLI does (one code path): the
+    preset's default `byte` gives way to the checkpoint's own; the byte tokenizer named for the Qwen3
+    checkpoint, or left as the tokenizer of a checkpoint without one whose rows it does not cover, is refused
+    before anything is written, unless `train.allow_tokenizer_mismatch`."""
+    from zarya_jax import overrides
+    from zarya_jax.model import init_params
+    from zarya_jax.train.loop import train as train_run
+
+    def run(init, *extra):
+        return rc.load("tiny", overrides.parse_all([*RUN, f"data.train={qwen3['data']}", f"train.init_from={init}",
+                                                    *extra]))
+
+    own = checkpoint.tokenizer_dir(qwen3["ckpt"])
+    taken, note = inherit.init_tokenizer(run(qwen3["ckpt"]))
+    assert taken.data.tokenizer == own and note.startswith(f"tokenizer: {own} (the checkpoint's own")
+    with pytest.raises(ConfigError, match=r"data.tokenizer='byte' \(264 tokens\) is not the tokenizer of .*"
+                                          r"--set train.allow_tokenizer_mismatch=true"):
+        train_run(run(qwen3["ckpt"]), str(tmp_path / "named"), tokenizer="byte")
+    allowed, _ = inherit.init_tokenizer(run(qwen3["ckpt"], "train.allow_tokenizer_mismatch=true"), "byte")
+    assert allowed.data.tokenizer == "byte"
+
+    wide = TINY.replace(vocab_size=1024)  # no tokenizer recorded, 1,024 rows: not the byte tokenizer's model
+    bare = checkpoint.save(tmp_path / "bare", init_params(wide, jax.random.PRNGKey(0)), wide)
+    assert checkpoint.tokenizer_dir(bare) is None
+    with pytest.raises(ConfigError, match=r"'byte' \(264 tokens\) is not the tokenizer of .*1,024 vocabulary rows"):
+        train_run(run(bare), str(tmp_path / "default"))
+    assert not (tmp_path / "named").exists() and not (tmp_path / "default").exists()
+
+
+def test_rl_checks_the_bases_tokenizer(qwen3, tmp_path, capsys):
+    """`experiments.rl --base CKPT` rolls out with the base's tokenizer and refuses another as training does:
+    the byte tokenizer named for the Qwen3 checkpoint is one error line, nothing written."""
+    from experiments import rl
+
+    argv = ["--base", qwen3["ckpt"], "--workdir", str(tmp_path / "rl"), "--set", f"data.train={qwen3['data']}"]
+    capsys.readouterr()
+    assert rl.main([*argv, "--set", "data.tokenizer=byte"]) == 2
+    err = one_error_line(capsys)
+    assert "data.tokenizer='byte' (264 tokens) is not the tokenizer of --base" in err
+    assert "--set train.allow_tokenizer_mismatch=true" in err and not (tmp_path / "rl").exists()
+
+
 def test_base_run_defaults(tmp_path, tiny_params):
     """RUN/final takes RUN/run_config.json's batch, length and accumulation, under the command line's; a run
     config of another model (or none) gives nothing but the tokenizer."""

@@ -139,3 +139,38 @@ def test_targets_table_one_unit_per_column():
     assert [row[-1] for row in rows] == ["yes", "no", "yes", "yes", "no"]
     only_tpf = targets_markdown(targets[1:2]).splitlines()[0]
     assert only_tpf == "| target | tokens / forward | met |"  # columns of units not in use are left out
+
+
+def _rl_row(arm, exact, accepted, tpf, seconds):
+    return {"arm": arm, "tokens_per_forward": tpf, "rollout_s": seconds,
+            "curves": {"exact_match": [(s, exact) for s in (0, 2, 4)],
+                       "accepted_per_cycle": [(s, a) for s, a in zip((1, 2, 3, 4), accepted)]}}
+
+
+@pytest.mark.parametrize("rows", [
+    # a --demo --smoke run: every exact match 0, 4 RL steps, arms that accept next to nothing
+    [_rl_row("ar", 0.0, [], 1.0, 0.8), _rl_row("frozen", 0.0, [0.0, 0.0, 0.1, 0.0], 1.05, 1.2),
+     _rl_row("refreshed", 0.0, [0.0, 0.2, 0.1, 0.3], 1.1, 1.3), _rl_row("self", 0.0, [0.5, 0.5, 0.6, 0.4], 1.4, 0.9)],
+    [_rl_row("ar", 0.0, [], 1.0, 0.0)],  # the AR arm alone: no acceptance curve, no time measured
+], ids=["smoke", "ar-only"])
+def test_rl_figure_readable(rows):
+    """The RL report's plot: exact match 0–100 %, acceptance and the bars from 0 fitting their values,
+    whole RL steps, the arms named once in a legend, no text over another."""
+    from zarya_jax.rl.plots import rl_figure
+
+    fig = rl_figure(rows, "GRPO per arm")
+    fig.canvas.draw()
+    exact, acceptance, per_forward, seconds = fig.axes
+    _accuracy_limits_ok(exact)
+    accepted = [a for r in rows for _, a in r["curves"]["accepted_per_cycle"]]
+    for ax, values in ((acceptance, accepted), (per_forward, [r["tokens_per_forward"] for r in rows]),
+                       (seconds, [r["rollout_s"] for r in rows])):
+        lo, hi = ax.get_ylim()
+        assert lo == 0 and max(values + [0]) < hi <= max(1.0, 1.1 * max(values + [0])) + 1e-9, (ax.get_ylabel(), lo, hi)
+    for ax in (exact, acceptance):
+        lo, hi = ax.get_xlim()
+        ticks = [t for t in ax.get_xticks() if lo <= t <= hi]
+        assert ticks and all(t == int(t) for t in ticks), ticks
+    assert _overlaps(fig) == []
+    assert [t.get_text() for lg in fig.legends for t in lg.get_texts()] == [r["arm"] for r in rows]
+    plots.plt.close(fig)

@@ -55,3 +55,28 @@ def test_bad_mode_is_an_argparse_error(ckpt):
         cli.main(["--ckpt", ckpt, "--prompt", "x", "--mode", "beam"])
     assert e.value.code == 2
     assert not os.path.exists("never")
+
+
+def test_the_commands_read_the_checkpoint_onto_every_device(ckpt, tiny_config):
+    """On a host with several devices (8 virtual CPU devices here) `generate` and `evaluate` read each param
+    straight into its shard of an FSDP mesh over them (`cli.decode_mesh`), and decode on it what one device
+    decodes."""
+    import jax
+    import numpy as np
+
+    from experiments.cli import decode_mesh
+    from zarya_jax.inference import load_for_inference
+    from zarya_jax.sampling import GenerationConfig, generate
+
+    mesh = decode_mesh()
+    assert dict(mesh.shape) == {"data": 1, "fsdp": len(jax.devices()), "tensor": 1} and len(jax.devices()) == 8
+    sharded, whole = load_for_inference(ckpt, mesh=mesh), load_for_inference(ckpt)
+    embed = sharded.params["embed"]
+    assert embed.sharding.mesh == mesh and len(embed.sharding.device_set) == 8
+    assert {s.data.shape for s in embed.addressable_shards} == {(tiny_config.vocab_size, tiny_config.hidden_size // 8)}
+    assert len(whole.params["embed"].sharding.device_set) == 1
+    prompts = [[1, 2, 3, 4], [5, 6, 7], [8, 9], [10]]
+    gc = GenerationConfig(mode="ar", max_new_tokens=8, temperature=0.0)
+    outs = [generate(m.params, tiny_config, prompts, gc, jax.random.PRNGKey(0)) for m in (sharded, whole)]
+    np.testing.assert_array_equal(outs[0].tokens, outs[1].tokens)
+    np.testing.assert_array_equal(outs[0].lengths, outs[1].lengths)

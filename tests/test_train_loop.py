@@ -2,7 +2,9 @@
 the loss) so that a signal lands while it runs: SIGINT during step N stops after at most that step (no
 second step runs after the signal), saves it once, exits 130; the resumed run ends bit-exact with an
 uninterrupted one and its metrics.jsonl holds the same rows (the logging interval that spans the resume
-included); the summary's throughput and MFU are measured (the CPU's peak measured) with no row logged."""
+included); the summary's throughput and MFU are measured (the CPU's peak measured) with no row logged.
+The CPU's peak is measured only when an MFU is first computed, at most once per process, with no step
+on the device, and its time is not step time."""
 import dataclasses
 import math
 import os
@@ -18,9 +20,9 @@ import pytest
 from experiments import cli
 from zarya_jax.objectives.zarya import zarya_objective
 from zarya_jax.train import config as rc
-from zarya_jax.train.hooks import Hook
+from zarya_jax.train.hooks import Hook, MetricsLogger, StepEvent
 from zarya_jax.train.loop import train
-from zarya_jax.train.metrics import read_metrics
+from zarya_jax.train.metrics import Peak, device_peak, measured_peak, read_metrics
 from zarya_jax.testing import write_sum_records
 
 OVERRIDES = {"mesh.num_devices": 1, "data.max_length": 24, "data.batch_size": 4, "data.eval_fraction": 0,
@@ -117,3 +119,54 @@ def test_sigint_stops_after_the_step_in_flight_and_the_resume_logs_the_same_rows
         for key in set(ref) - set(TIMING):
             assert row[key] == pytest.approx(ref[key], rel=1e-6, abs=1e-9), key
         assert all(np.isfinite(row[k]) and row[k] > 0 for k in TIMING)
+
+
+def test_the_peak_is_measured_when_first_read_and_once_per_process():
+    measured_peak.cache_clear()
+    peak = device_peak(jax.devices()[:1])
+    assert peak.source == "measured" and not peak.known and peak.note.endswith("(when the first MFU is computed)")
+    assert measured_peak.cache_info().currsize == 0  # building it (a train start) measured nothing
+    flops = peak.flops
+    assert peak.known and flops > 0 and "GFLOP/s (the host's cores)" in peak.note
+    again = device_peak(jax.devices())  # another run of this process, on the 8 virtual devices of one host
+    assert again.flops == flops and measured_peak.cache_info().misses == 1
+    assert device_peak(override=2e12).known and device_peak(override=2e12).flops == 2e12 * len(jax.devices())
+
+
+def test_metrics_logger_measures_the_peak_at_its_first_row_between_steps(tmp_path):
+    """The logger is due (the loop waits for the step) only at its first row while the peak is unknown; the
+    measurement's time counts neither in that row nor the next one, nor in the summary's throughput; a
+    logger that saw no step measures nothing."""
+    calls = []
+
+    def slow_measure():
+        calls.append(time.perf_counter())
+        time.sleep(0.5)
+        return 1e9, " at 1.0 GFLOP/s"
+
+    for name in ("idle", "run"):
+        (tmp_path / name).mkdir()
+    idle = MetricsLogger(str(tmp_path / "idle"), 0, 2, 1, 4, 1.0, Peak("measured", "test matmul", slow_measure))
+    summary = {}
+    idle.on_end({}, summary)
+    idle.close()
+    assert calls == [] and summary["peak_flops"] is None and summary["peak_flops_source"] == "measured"
+
+    logger = MetricsLogger(str(tmp_path / "run"), 0, 2, 1, 4, 1.0, Peak("measured", "test matmul", slow_measure))
+    due = []
+    for step in range(1, 7):
+        time.sleep(0.02)  # the step
+        event = StepEvent(step, 6, {"loss": 1.0, "grad_norm": 1.0, "lr": 0.1}, 4, 0, time=time.perf_counter())
+        due.append(logger.due(step, 6))
+        if due[-1]:
+            logger.on_step(event)
+        logger.on_metrics(event)
+    summary = {}
+    logger.on_end({}, summary)
+    logger.close()
+    assert due == [False, True, False, False, False, False] and len(calls) == 1
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [2, 4, 6]
+    assert all(r["step_time_s"] < 0.25 for r in rows), rows  # 20 ms steps, not 0.5 s of measuring
+    assert summary["tokens_per_s"] > 24 / 0.5 and summary["peak_flops"] == 1e9
+    assert summary["peak_flops_note"] == "test matmul at 1.0 GFLOP/s"

@@ -27,6 +27,18 @@ class ConfigError(ValueError):
     """A config value is out of range or of the wrong kind."""
 
 
+# How a checkpoint gets the `<mdm_mask>` token: converted again with it (docs/conversion.md).
+ADD_MASK_TOKEN = "python -m conversion.hf_to_jax --hf-dir HF_DIR --out CKPT --add-mask-token"
+
+
+def missing_mask_token(needs: str, model: str = "the model config", otherwise: str = "") -> str:
+    """The message of every refusal of a model without a mask token, naming the remedy: `needs` says what
+    reads the token (e.g. "mode 'mdm' needs"), `model` whose config lacks it (e.g. "the checkpoint 'ckpt'"),
+    `otherwise` what works without one (e.g. "evaluate it with --modes ar")."""
+    return (f"{needs} a mask token, but {model} has none (mask_token_id is None): convert the Hugging Face model "
+            f"with `{ADD_MASK_TOKEN}` and use CKPT" + (f", or {otherwise}" if otherwise else ""))
+
+
 # The range of every integer knob and flag, by its name (the last part of a dotted key): a seed is a
 # uint32 (`jax.random.PRNGKey` silently drops higher bits, and overflows past 64), a step count is in
 # 0 … MAX_STEPS (a run without end is a typo), anything else fits int32 (the arrays it sizes or

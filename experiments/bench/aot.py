@@ -4,7 +4,8 @@
         --seq 4096 --batch 64 --decode-batch 64 --prompt 1024 --new 8192
 
 For each target (`zarya_jax.target`: `tpu:GENERATION:SHAPE` compiles with the TPU compiler through libtpu on any
-host, no TPU needed; `cpu` with this host's devices) and preset, on the project's own mesh
+host, no TPU needed; `gpu:MODEL[xN]` with XLA:GPU through the CUDA plugin, no GPU needed; `cpu` with this host's
+devices) and preset, on the project's own mesh
 (`train.sharding.make_mesh` over the target's devices, `--mesh data,fsdp,tensor`), rules and donation,
 `jax.jit(...).lower(abstract inputs).compile()` of
 
@@ -18,12 +19,14 @@ host, no TPU needed; `cpu` with this host's devices) and preset, on the project'
   prompts of `--prompt` tokens and `--new` new tokens (Uno's 1024 + 8192 by default);
 
 and reports per program: compiled, or the compiler's first error line (a program larger than the chip's HBM is
-refused by the TPU compiler); per-chip memory from the target's buffer assignment (arguments, outputs,
-temporaries, total = arguments + outputs − donated + temporaries) against the chip's HBM; the compile time; and
-the attention kernel (`splash` when the program holds the Pallas kernel, else `dense`).
+refused by the TPU compiler; XLA:GPU compiles it, and `fits` says no); per-chip memory from the target's buffer
+assignment (arguments, outputs, temporaries, total = arguments + outputs − donated + temporaries) against the
+chip's HBM; the compile time; and the attention kernel (`splash` when the program holds the Pallas kernel,
+`cudnn` cuDNN's fused attention, else `dense`).
 
 What the numbers are: the TPU compiler's own per-chip buffer assignment for that chip and mesh — the same the
-chip would run, short of runtime fragmentation. `bench plan` (XLA:CPU on virtual devices) is the fallback
+chip would run, short of runtime fragmentation; on a GPU, XLA:GPU's for the target config's GPU, short of the
+workspaces cuDNN sizes only on a device. `bench plan` (XLA:CPU on virtual devices) is the fallback
 without libtpu; its numbers are the CPU compiler's.
 """
 from __future__ import annotations
@@ -38,6 +41,7 @@ from jax.sharding import NamedSharding
 
 from zarya_jax import target as target_lib
 from zarya_jax.config import ConfigError, LoraConfig, ZaryaConfig
+from zarya_jax.nn import attention as attention_lib
 from zarya_jax.nn import lora as lora_lib
 from zarya_jax.nn import model as model_lib
 from zarya_jax.objectives.distill import DistillConfig, distill_objective
@@ -151,9 +155,17 @@ def decode_lowered(program: str, cfg, mesh, batch: int, prompt: int, new: int):
     return generate_lib.lower(_weights(cfg, mesh), cfg, gc, batch, prompt, mesh=mesh)
 
 
-def kernel(lowered) -> str:
-    """'splash' when the program holds a Pallas TPU kernel (the only one attention uses), else 'dense'."""
-    return "splash" if "tpu_custom_call" in lowered.as_text() else "dense"
+def kernel(text: str) -> str:
+    """The attention kernel a program's text holds: 'splash' (a Pallas TPU kernel, the only one attention uses),
+    'cudnn' (cuDNN's fused attention: named only in the compiled program, the lowered one holds a partitioning
+    callback), else 'dense'."""
+    return "splash" if "tpu_custom_call" in text else "cudnn" if "__cudnn$fmha" in text else "dense"
+
+
+def _cudnn_attention(cfg) -> bool:
+    """Whether a GPU runs `cfg`'s causal attention with cuDNN's kernel (`nn.attention`: dot_product in bf16/fp16)."""
+    return (attention_lib.resolve(cfg.attention, "gpu", cfg.jnp_dtype, attention_lib.SPLASH_BLOCK, cfg.head_dim)
+            == "dot_product" and cfg.jnp_dtype in (jnp.bfloat16, jnp.float16))
 
 
 def compile_row(program: str, target: str, preset_name: str, mesh, args) -> dict:
@@ -168,8 +180,10 @@ def compile_row(program: str, target: str, preset_name: str, mesh, args) -> dict
     try:
         lowered = (decode_lowered(program, cfg, mesh, args.decode_batch, args.prompt, args.new) if decode
                    else train_lowered(program, cfg, mesh, args.batch, args.seq, args.new))
-        row["kernel"] = kernel(lowered)
+        row["kernel"] = kernel(lowered.as_text())
         compiled = lowered.compile()
+        if row["kernel"] == "dense":  # cuDNN's kernel shows only in the compiled program
+            row["kernel"] = kernel(compiled.as_text())
     except Exception as e:  # noqa: BLE001 - the compiler's refusal is the result
         lines = [line for line in str(e).splitlines() if line.strip()]
         row.update(status="error", error=(lines[0] if lines else type(e).__name__)[:300],
@@ -184,7 +198,8 @@ def compile_row(program: str, target: str, preset_name: str, mesh, args) -> dict
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="tpu:v5e:4x4",
-                   help="comma-separated targets: tpu:GENERATION:SHAPE (v4, v5e, v5p, v6e; needs the tpu extra) or cpu")
+                   help="comma-separated targets: tpu:GENERATION:SHAPE (v4, v5e, v5p, v6e; needs the tpu extra), "
+                   f"gpu:MODEL[xN] ({', '.join(target_lib.GPU_MODELS)}; needs the gpu extra) or cpu")
     p.add_argument("--presets", default="qwen3-1.7b,qwen3-4b", help="comma-separated model presets")
     p.add_argument("--programs", default="all", help=f"comma-separated subset of {','.join(PROGRAMS)}, or all")
     p.add_argument("--mesh", default="", help="data,fsdp,tensor sizes (one may be -1); default FSDP over all chips")
@@ -215,8 +230,15 @@ def run(args) -> tuple[dict, str]:
     for t in targets:
         target_lib.parse(t)
     presets = [p for p in args.presets.split(",") if p]
-    for name in presets:
-        model_config(name, attention=args.attention)
+    cudnn = [name for name in presets if _cudnn_attention(model_config(name, attention=args.attention))]
+    gpus = [t for t in targets if target_lib.parse(t)[0] == "gpu"]
+    if cudnn and gpus:
+        target_lib.devices(gpus[0])  # starts the CUDA plugin, which loads cuDNN where it is installed
+        if not target_lib.has_cudnn():
+            raise ConfigError(f"--target {args.target}: {','.join(cudnn)} with attention={args.attention!r} runs "
+                              "cuDNN's flash attention on a GPU, and JAX reads the cuDNN library's version to trace "
+                              "it: pip install --no-deps 'nvidia-cudnn-cu12>=9.8,<10' (no GPU needed), or "
+                              "--attention dense")
     mesh_config = _mesh_config(args.mesh)
     rows = []
     for t in targets:

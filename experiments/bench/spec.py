@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from zarya_jax import lora as lora_lib
-from zarya_jax.config import LoraConfig, PromptFormat
+from zarya_jax.config import LoraConfig, PromptFormat, missing_mask_token
 from zarya_jax.data import render
 from zarya_jax.data.tokenizer import load_tokenizer
 from zarya_jax.eval.tasks import read_jsonl
@@ -89,7 +89,7 @@ def measure(ckpt: str | None = None, adapter: str | None = None, *, draft_length
                                 f"{time.perf_counter() - t0:.0f}s)")
         log(f"adapter: {setup['adapter']}")
     if "self" in drafters and config.mask_token_id is None:
-        raise ValueError("drafter 'self' needs a model with a mask token (mask_token_id)")
+        raise ValueError(missing_mask_token("drafter 'self' needs", otherwise="bench the 'lora' drafter"))
 
     rng = np.random.default_rng(seed + 123)
     pool = None

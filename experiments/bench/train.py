@@ -25,7 +25,7 @@ from zarya_jax.model import init_params
 from zarya_jax.objectives.zarya import zarya_objective
 from zarya_jax.train import sharding as shd
 from zarya_jax.train.loop import BATCH_KEYS
-from zarya_jax.train.metrics import peak_flops, train_flops_per_token
+from zarya_jax.train.metrics import device_peak, train_flops_per_token
 from zarya_jax.train.checkpoints import abstract_like
 from zarya_jax.train.optim import OptimConfig
 from zarya_jax.train.step import (StepCache, build_optimizer, init_state, make_eval_step, make_train_step,
@@ -105,12 +105,12 @@ def measure(preset_name: str, batch: int, length: int, steps: int, *, mesh=None,
     step_s = total_s / steps
     tokens = batch * length
     flops = train_flops_per_token(cfg, length, setup.forward_passes) * tokens
-    peak, note = peak_flops(mesh.devices.flatten().tolist())
+    peak = device_peak(mesh.devices.flatten().tolist())
     return {"preset": preset_name, "params_m": cfg.num_params() / 1e6, "dtype": cfg.dtype, "batch": batch,
             "length": length, "devices": int(mesh.devices.size), "mesh": dict(mesh.shape),
             "attention": cfg.attention, "remat": cfg.remat,
             "compile_s": compile_s, "step_s": step_s, "tokens_per_s": tokens / step_s,
-            "model_tflops_per_s": flops / step_s / 1e12, "mfu": flops / step_s / peak, "peak_note": note,
+            "model_tflops_per_s": flops / step_s / 1e12, "mfu": flops / step_s / peak.flops, "peak_note": peak.note,
             "loss": float(m["loss"])}
 
 

@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..config import missing_mask_token
 from ..inference import Inference
 from ..data import render
 from ..nn import model as model_lib
@@ -82,9 +83,7 @@ def teacher_forced(params, config, examples: Sequence[tuple[Sequence[int], Seque
 
     examples: (prompt ids, answer ids with EOS) pairs; slot_size: the MDM slot (≥ 1)."""
     if config.mask_token_id is None:
-        raise ValueError("teacher-forced MDM accuracy needs a model with a mask token (mask_token_id is None): "
-                         "re-convert the Hugging Face model with `python -m conversion.hf_to_jax --hf-dir HF_DIR "
-                         "--out CKPT --add-mask-token` and use CKPT")
+        raise ValueError(missing_mask_token("teacher-forced MDM accuracy needs"))
     if slot_size < 1:
         raise ValueError(f"slot_size={slot_size}: expected ≥ 1")
     pad = config.pad_token_id if config.pad_token_id is not None else 0

@@ -25,7 +25,7 @@ import numpy as np
 from tqdm import tqdm
 
 from .. import overrides as ov
-from ..config import ConfigError, PromptFormat
+from ..config import ConfigError, PromptFormat, missing_mask_token
 from ..data import render
 from ..files import atomic_directory, atomic_write
 from ..inference import Inference, prompt_format
@@ -183,24 +183,15 @@ def check_mode_knobs(modes, knobs: dict[str, dict]) -> None:
             raise ConfigError(f"knob {k} is read by none of the modes {list(modes)} (it would be ignored)")
 
 
-def needs_mask_token(gen: GenerationConfig) -> bool:
-    """Whether decoding with `gen` reads the mask token: modes A and B, and the self drafter, which drafts
-    from it (the rule `GenerationConfig.validate` applies against a model)."""
-    return gen.resolved_mode in ("mdm", "slotted") or (gen.resolved_mode == "spec" and gen.drafter == "self")
-
-
 def check_mask_token(gens: dict[str, GenerationConfig], model_config, ckpt: str) -> None:
     """A ConfigError naming the checkpoint and the remedy when a mode of `gens` ({mode: config}) needs a
     mask token that the checkpoint's model has none of; checked from its config, before any work."""
     if model_config.mask_token_id is not None:
         return
-    modes = [m for m, gen in gens.items() if needs_mask_token(gen)]
+    modes = [m for m, gen in gens.items() if gen.needs_mask_token]
     if modes:
         what = f"mode {modes[0]} needs" if len(modes) == 1 else f"modes {', '.join(modes)} need"
-        raise ConfigError(
-            f"{what} a mask token, and the checkpoint {ckpt!r} has none (mask_token_id is null in its config.json): "
-            "convert the Hugging Face model with `python -m conversion.hf_to_jax --hf-dir HF_DIR --out CKPT "
-            "--add-mask-token` and train from that checkpoint, or evaluate it with --modes ar")
+        raise ConfigError(missing_mask_token(what, f"the checkpoint {ckpt!r}", otherwise="evaluate it with --modes ar"))
 
 
 def _pad_batch(items: list, size: int) -> list:

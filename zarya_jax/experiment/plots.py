@@ -48,6 +48,14 @@ def _accuracy_axis(ax, label: str = "exact match") -> None:
     ax.set_ylabel(label)
 
 
+def _from_zero(ax, values, label: str) -> None:
+    """A count, rate or time (never negative): the axis starts at 0 and fits the largest value, with room
+    above it; all zero (or none) gives 0–1, not a ±0.05 axis around nothing."""
+    top = max([v for v in values if v is not None] + [0.0])
+    ax.set_ylim(0, 1.1 * top if top > 0 else 1.0)
+    ax.set_ylabel(label)
+
+
 def _spans_decades(values) -> bool:
     """Whether the values are all positive and span at least `LOG_DECADES` orders of magnitude."""
     values = [v for v in values if v is not None]

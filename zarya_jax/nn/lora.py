@@ -32,7 +32,7 @@ from jax.experimental import multihost_utils
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from ..config import LORA_LAYERS, LORA_NOISE, ConfigError, LoraConfig, ModelConfig
+from ..config import LORA_LAYERS, LORA_NOISE, ConfigError, LoraConfig, ModelConfig, missing_mask_token
 from ..files import atomic_directory
 from .checkpoint import mesh_shardings
 from .integrity import CheckpointError, array_checksums, compare, describe_error
@@ -48,7 +48,7 @@ def noise_tokens(key: jax.Array, shape: tuple[int, ...], vocab_size: int, mask_t
     or all `mask_token_id`."""
     if noise == "mask":
         if mask_token_id is None:
-            raise ConfigError("noise='mask' needs ModelConfig.mask_token_id")
+            raise ConfigError(missing_mask_token("noise='mask' needs", otherwise="use noise='uniform'"))
         return jnp.full(shape, mask_token_id, jnp.int32)
     if mask_token_id is None:
         return jax.random.randint(key, shape, 0, vocab_size, jnp.int32)

@@ -275,9 +275,21 @@ def apply(params, config: ModelConfig, tokens: Array, positions: Array | None = 
     return Qwen3(config, lora if lora_params is not None else None).apply(variables, tokens, positions, **kwargs)
 
 
+# The parameter `lm_head` projects with, by name, and its logical axes (as `Qwen3` declares it).
+HEAD_AXES = {"embed": ("vocab", "embed"), "lm_head": ("embed", "vocab")}
+
+
+def head_params(params, config: ModelConfig) -> dict:
+    """The one parameter `lm_head` reads, by name: {"embed": [v, d]} when tied, else {"lm_head": [d, v]}
+    (its logical axes in `HEAD_AXES`)."""
+    name = "embed" if config.tie_word_embeddings else "lm_head"
+    return {name: params[name]}
+
+
 def lm_head(params, config: ModelConfig, hidden: Array) -> Array:
     """The output projection of `Qwen3` on final-normed hidden states [..., d] (`apply(..., return_hidden=True)`):
-    logits float32 [..., v], so a caller that needs a few rows' logits projects only those."""
+    logits float32 [..., v], so a caller that needs a few rows' logits projects only those. `params` may be
+    the whole tree or just `head_params(params, config)`."""
     head = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
     return jnp.einsum("...d,dv->...v", hidden, head.astype(config.jnp_dtype), preferred_element_type=jnp.float32)
 

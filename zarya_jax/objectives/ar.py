@@ -8,7 +8,6 @@ and are exported as a `zarya_jax.checkpoint` (any checkpoint runs in any decodin
 """
 from __future__ import annotations
 
-import functools
 
 import jax.numpy as jnp
 
@@ -39,7 +38,7 @@ def ar_objective(model_config: ModelConfig) -> Objective:
         hidden, _ = model_lib.apply(params, model_config, batch["tokens"], batch["positions"],
                                     segment_ids=batch["segment_ids"], return_hidden=True)
         # block by block over the vocabulary projection: no [B, L, V] logits
-        ce, hit = head_token_cross_entropy(functools.partial(model_lib.lm_head, params, model_config), hidden, targets)
+        ce, hit = head_token_cross_entropy(params, model_config, hidden, targets)
         n = jnp.maximum(jnp.sum(has), 1)
         loss = jnp.sum(jnp.where(has, ce, 0.0)) / n
         return loss, {"loss_seq": loss, "acc_seq": jnp.sum(has & hit) / n, "num_seq_targets": jnp.sum(has)}

@@ -25,7 +25,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ..config import ConfigError, LoraConfig, ModelConfig
+from ..config import ConfigError, LoraConfig, ModelConfig, missing_mask_token
 from ..nn import model as model_lib
 from ..nn.lora import redraft_tokens
 from .base import Objective
@@ -128,7 +128,7 @@ def dcd_objective(config: ModelConfig, lora: LoraConfig, cfg: DrafterConfig, dcd
     teacher adapter). Two compiles: the drafter's own loss before `dcd.start`, DCD after (`static_at`); the
     block curriculum as in `drafter.drafter_objective`."""
     if lora.noise == "mask" and config.mask_token_id is None:
-        raise ConfigError("LoraConfig.noise='mask' needs a mask token, but the model config has mask_token_id=None")
+        raise ConfigError(missing_mask_token("LoraConfig.noise='mask' needs", otherwise="use noise='uniform'"))
     start = dcd.start_step(total_steps)
 
     def loss_fn(lora_params, base_params, batch, key, info):

@@ -28,7 +28,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ..config import ConfigError, LoraConfig, ModelConfig
+from ..config import ConfigError, LoraConfig, ModelConfig, missing_mask_token
 from ..nn import kv_cache
 from ..nn import model as model_lib
 from ..nn.lora import noise_tokens
@@ -228,7 +228,7 @@ def drafter_objective(config: ModelConfig, lora: LoraConfig, cfg: DrafterConfig)
     curriculum from the traced step (one compile for the whole run). No export: the caller saves the
     adapter (`nn.lora.save`)."""
     if lora.noise == "mask" and config.mask_token_id is None:
-        raise ConfigError("LoraConfig.noise='mask' needs a mask token, but the model config has mask_token_id=None")
+        raise ConfigError(missing_mask_token("LoraConfig.noise='mask' needs", otherwise="use noise='uniform'"))
 
     def loss_fn(lora_params, base_params, batch, key, info):
         s = block_size_traced(info.step, info.total_steps, cfg)

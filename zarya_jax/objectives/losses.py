@@ -22,8 +22,9 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
-from ..config import ConfigError, ModelConfig, ZaryaConfig
+from ..config import ConfigError, ModelConfig, ZaryaConfig, missing_mask_token
 from ..nn import model as model_lib
 from ..nn.partitioning import spec_for
 from .noise import noise_transform
@@ -35,10 +36,8 @@ Array = jax.Array
 
 def mask_id_of(model_config: ModelConfig) -> int:
     if model_config.mask_token_id is None:
-        raise ConfigError("ModelConfig.mask_token_id is None: the Zarya objectives need the <mdm_mask> token "
-                          "id. For a checkpoint converted from Hugging Face, re-convert it with `python -m "
-                          "conversion.hf_to_jax --hf-dir HF_DIR --out CKPT --add-mask-token` and start from CKPT; "
-                          "for a model of your own, add the mask token to the vocabulary and set mask_token_id")
+        raise ConfigError(missing_mask_token("the Zarya objectives need", otherwise="for a model of your own, add "
+                                             "the mask token to the vocabulary and set mask_token_id"))
     return int(model_config.mask_token_id)
 
 
@@ -90,7 +89,7 @@ def _rows_sharded(x: Array) -> Array:
     compiler (none: unchanged). Inside the loop the compiler would otherwise follow the head's sharding
     (vocab or embed over FSDP) and gather every row's block onto every device."""
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.size == 1:
+    if mesh.empty or mesh.size == 1 or mesh.manual_axes:  # under `shard_map` each device has its own rows
         return x
     batch = spec_for(x.shape[:1], ("batch",), mesh)[0]
     return jax.lax.with_sharding_constraint(
@@ -112,13 +111,57 @@ def map_sequence_blocks(fn, *arrays: Array, chunk: int | None = None):
     return jax.tree.map(lambda y: _unblocks(y, length), out)
 
 
-def head_token_cross_entropy(head: Callable[[Array], Array], hidden: Array, targets: Array,
+def map_head_blocks(fn, weights: dict, *arrays: Array, chunk: int | None = None):
+    """`map_sequence_blocks(lambda *blocks: fn(weights, *blocks), *arrays)` for a loss whose blocks project
+    through `weights` (e.g. `model.head_params`, names in `model.HEAD_AXES`), with their gradient summed
+    over the batch once, not once per block.
+
+    Left to the partitioner, a weight used inside the block loop has its gradient all-reduced whole at
+    every block (each device's rows give a partial sum; the loop carries the sum unsharded). Under a
+    mesh whose batch axes split the rows, this runs per device (`shard_map` over the batch axes): each
+    device gathers its FSDP shard of the weights (pass them in the dtype to gather, e.g. the compute
+    dtype) once before the loop, the loop accumulates the gathered weights' gradient on the device, and the backward
+    reduce-scatters it once onto the FSDP shards (the gather's transpose), summing over the data axis
+    too. Without such a mesh it is `map_sequence_blocks` as is."""
+    mesh = jax.sharding.get_abstract_mesh()
+    local = lambda w, *xs: map_sequence_blocks(lambda *blocks: fn(w, *blocks), *xs, chunk=chunk)
+    rows = None if mesh.empty or mesh.size == 1 or mesh.manual_axes else spec_for(arrays[0].shape[:1], ("batch",), mesh)[0]
+    if rows is None:
+        return local(weights, *arrays)
+    manual = (rows,) if isinstance(rows, str) else tuple(rows)
+    only_manual = lambda entry: tuple(a for a in ((entry,) if isinstance(entry, str) else entry or ()) if a in manual)
+    w_specs = {name: P(*(only_manual(e) or None for e in spec_for(w.shape, model_lib.HEAD_AXES[name], mesh)))
+               for name, w in weights.items()}
+
+    def per_device(w, *xs):
+        for name, spec in w_specs.items():
+            # Marked as differing per batch device before the gather (as the gathered copy's gradient
+            # does): the backward then reduce-scatters first and sums only the shard over the other axes.
+            whole = tuple(a for a in manual if a not in jax.tree.leaves(tuple(spec)))
+            w = {**w, name: jax.lax.pcast(w[name], whole, to="varying")}
+            for dim, axes in enumerate(spec):
+                if axes:  # gathered along the major dim, so the backward's scatter is contiguous
+                    major = jax.lax.all_gather(jnp.moveaxis(w[name], dim, 0), axes, axis=0, tiled=True)
+                    w = {**w, name: jnp.moveaxis(major, 0, dim)}
+        return local(w, *xs)
+
+    # Axes of size 1 are manual too, so a mesh without a tensor split is wholly manual.
+    axis_names = frozenset(manual) | {a for a in mesh.axis_names if mesh.shape[a] == 1}
+    row_spec = lambda x: P(rows, *([None] * (x.ndim - 1)))
+    return jax.shard_map(per_device, mesh=mesh, in_specs=(w_specs, *map(row_spec, arrays)), out_specs=P(rows),
+                         axis_names=axis_names)(weights, *arrays)
+
+
+def head_token_cross_entropy(params, config: ModelConfig, hidden: Array, targets: Array,
                              chunk: int | None = None) -> tuple[Array, Array]:
-    """`token_cross_entropy(head(hidden), targets)` without the [B, L, V] logits: hidden [B, L, d] (final-normed,
-    `model.apply(..., return_hidden=True)`), head: [..., d] -> fp32 logits [..., V] (`model.lm_head`),
-    targets int [B, L] -> (CE [B, L] fp32, hits [B, L] bool), projected block by block
-    (`map_sequence_blocks`)."""
-    return map_sequence_blocks(lambda h, t: token_cross_entropy(head(h), t), hidden, targets, chunk=chunk)
+    """`token_cross_entropy(model.lm_head(params, config, hidden), targets)` without the [B, L, V] logits:
+    hidden [B, L, d] (final-normed, `model.apply(..., return_hidden=True)`), targets int [B, L] -> (CE [B, L]
+    fp32, hits [B, L] bool), projected block by block, the head's gradient reduced once (`map_head_blocks`)."""
+    def block(w, h, t):
+        return token_cross_entropy(model_lib.lm_head(w, config, h), t)
+
+    weights = {k: v.astype(config.jnp_dtype) for k, v in model_lib.head_params(params, config).items()}
+    return map_head_blocks(block, weights, hidden, targets, chunk=chunk)
 
 
 def _chunk_terms(zq, zp, targets, exclude_id):
@@ -256,12 +299,11 @@ def zarya_loss(params, model_config: ModelConfig, zarya_config: ZaryaConfig, bat
     """
     inputs = transform(key, batch, zarya_config, slot_size, mask_id_of(model_config))
     apply_fn = model_lib.apply if apply_fn is None else apply_fn
-    head = functools.partial(model_lib.lm_head, params, model_config)
 
     def token_terms(rows, **attention):
         out = apply_fn(params, model_config, rows["tokens"], rows["positions"], return_hidden=True, **attention)
         hidden = out[0] if isinstance(out, tuple) else out
-        return head_token_cross_entropy(head, hidden, rows["targets"], chunk)
+        return head_token_cross_entropy(params, model_config, hidden, rows["targets"], chunk)
 
     if zarya_config.slotted_training or zarya_config.sequential_convention == "ar":
         ce, hit = token_terms(inputs, segment_ids=inputs["segment_ids"])

@@ -100,11 +100,14 @@ class RLSection:
 @dataclasses.dataclass(frozen=True)
 class RLData:
     """train: JSONL records (rendered with the base checkpoint's prompt format) whose prompts the
-    rollouts continue; eval: held-out records for the greedy exact match (the first `eval_size`)."""
+    rollouts continue; eval: held-out records for the greedy exact match (the first `eval_size`);
+    tokenizer: '' for the base checkpoint's own (else `byte`), or another ('byte', 'qwen3' or a directory),
+    refused unless it is the base's (`train.allow_tokenizer_mismatch`, `train.inherit.check_tokenizer`)."""
 
     train: str = ""
     eval: str = ""
     eval_size: int = 64
+    tokenizer: str = ""
 
     def __post_init__(self):
         if self.eval_size < 0:
@@ -130,6 +133,7 @@ class RLTrain:
     tracker_run: str = ""
     verify_checkpoints: bool = True
     distributed: str = "auto"
+    allow_tokenizer_mismatch: bool = False  # roll out with a tokenizer that is not the base's (`train.inherit`)
 
     def __post_init__(self):
         if not 1 <= self.steps <= MAX_STEPS:
@@ -159,7 +163,8 @@ class RLConfig:
 # Fields a resumed run may change without being a different run.
 RESUMABLE = {"train.log_every", "train.eval_every", "train.save_every", "train.keep", "train.async_checkpointing",
              "train.progress_bar", "train.tracker", "train.tracker_project", "train.tracker_group",
-             "train.tracker_run", "train.verify_checkpoints", "train.distributed", "data.eval_size"}
+             "train.tracker_run", "train.verify_checkpoints", "train.distributed", "data.eval_size",
+             "train.allow_tokenizer_mismatch"}  # a permission: the tokenizer itself is data.tokenizer
 
 
 def build(overrides: Any = (), base: RLConfig = RLConfig()) -> RLConfig:

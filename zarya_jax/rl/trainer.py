@@ -52,6 +52,7 @@ from ..nn import lora as lora_lib
 from ..objectives.base import Objective
 from ..objectives.drafter import DrafterConfig, drafter_objective
 from ..sampling import GenerationConfig
+from ..train import inherit
 from ..train import sharding as shd
 from ..train import trackers
 from ..train.checkpoints import RunCheckpointer, abstract_like
@@ -120,7 +121,8 @@ def _prompts(records: list[dict], tokenizer, fmt: PromptFormat, path: str) -> li
 
 
 def prepare(cfg: RLConfig, base: str, workdir: str, adapter: str | None, force: bool) -> Setup:
-    """Every check before anything is written: the arm and its adapter, the base checkpoint, the data,
+    """Every check before anything is written: the arm and its adapter, the base checkpoint and the tokenizer
+    the rollouts read (the base's own unless `data.tokenizer` names another, `train.inherit`), the data,
     the sampler against the model and every prompt, the batch against the mesh, the workdir's run."""
     rl, arm = cfg.rl, cfg.rl.arm
     if arm in LORA_ARMS and not adapter:
@@ -133,7 +135,9 @@ def prepare(cfg: RLConfig, base: str, workdir: str, adapter: str | None, force: 
         raise ConfigError("data.train: expected a JSONL file of prompt records (--set data.train=FILE)")
     trackers.check(cfg.train.tracker)
     check_writable_dir(workdir, "--workdir")
-    model = load_for_inference(base, adapter=adapter, verify=cfg.train.verify_checkpoints)
+    model = load_for_inference(base, tokenizer=cfg.data.tokenizer or None, adapter=adapter,
+                               verify=cfg.train.verify_checkpoints)
+    inherit.check_tokenizer(model.tokenizer_spec, base, model.config, cfg.train.allow_tokenizer_mismatch, "--base")
     fmt = model.prompt_format
     train_records = records_lib.read_jsonl(cfg.data.train, fmt)
     if len(train_records) < rl.prompts_per_step:

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from ..config import missing_mask_token
+
 MODES = ("ar", "mdm", "slotted", "spec")
 DRAFTERS = ("lora", "self", "model")
 FUSED_DRAFTERS = ("self", "lora")  # a drafter whose draft fits in the verify pass (not a separate model)
@@ -115,6 +117,13 @@ class GenerationConfig:
             return self.mode
         return "slotted" if self.slotted_generation else "mdm"
 
+    @property
+    def needs_mask_token(self) -> bool:
+        """Whether decoding reads the mask token: modes A and B, and the self drafter, which drafts from it
+        (modes ar and spec with a uniform-noise LoRA drafter or a draft model do not)."""
+        mode = self.resolved_mode
+        return mode in ("mdm", "slotted") or (mode == "spec" and self.drafter == "self")
+
     def replace(self, **changes) -> "GenerationConfig":
         return dataclasses.replace(self, **changes)
 
@@ -193,13 +202,9 @@ class GenerationConfig:
             self._validate_prompts(model_config, prompts)
 
     def _validate_model(self, mc) -> None:
-        mode = self.resolved_mode
-        if mode in ("mdm", "slotted") or (mode == "spec" and self.drafter == "self"):
-            if mc.mask_token_id is None:
-                raise ValueError(f"mode {mode!r} needs a mask token, but the model config has mask_token_id=None: "
-                                 "re-convert the Hugging Face model with `python -m conversion.hf_to_jax --hf-dir "
-                                 "HF_DIR --out CKPT --add-mask-token` and use CKPT (modes ar and spec with a "
-                                 "uniform-noise LoRA drafter need no mask token)")
+        if self.needs_mask_token and mc.mask_token_id is None:
+            raise ValueError(missing_mask_token(f"mode {self.resolved_mode!r} needs", otherwise=(
+                "decode with mode ar, or spec with a uniform-noise LoRA drafter (neither reads one)")))
         eos = self.eos_token_id
         if eos is not None and not 0 <= eos < mc.vocab_size:
             raise ValueError(f"GenerationConfig.eos_token_id={eos}: outside the vocabulary [0, {mc.vocab_size})")

@@ -51,7 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from ..config import ConfigError, LoraConfig, ModelConfig
+from ..config import ConfigError, LoraConfig, ModelConfig, missing_mask_token
 from ..nn import kv_cache
 from ..nn import model as model_lib
 from ..nn.lora import check_lora, noise_tokens, redraft_tokens
@@ -377,7 +377,8 @@ def check(config: ModelConfig, gcfg: GenerationConfig, lora_params, lora: LoraCo
     if lora_params is None or lora is None:
         raise ConfigError("drafter='lora' needs the adapter: pass lora_params and its LoraConfig")
     if lora.noise == "mask" and config.mask_token_id is None:
-        raise ConfigError("the adapter was trained with mask noise, but the model config has mask_token_id=None")
+        raise ConfigError(missing_mask_token("the adapter, trained with noise='mask', needs",
+                                             otherwise="use an adapter trained with lora.noise=uniform"))
     check_lora(lora_params, config, lora)
 
 

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import jax
 
 from .. import overrides as ov
-from ..config import ConfigError, LoraConfig, PromptFormat
+from ..config import ConfigError, LoraConfig, PromptFormat, missing_mask_token
 from ..files import atomic_write_json
 from ..nn import checkpoint as ckpt_lib
 from ..nn import lora as lora_lib
@@ -87,7 +87,8 @@ def train_drafter(cfg: DrafterRunConfig, base: str, workdir: str, *, force: bool
     base_config = ckpt_lib.load_config(base)
     inherit.check_tokenizer(cfg.data.tokenizer, base, base_config, cfg.train.allow_tokenizer_mismatch, "--base")
     if cfg.lora.noise == "mask" and base_config.mask_token_id is None:
-        raise ConfigError(f"lora.noise=mask needs a mask token, but {base} has mask_token_id=None")
+        raise ConfigError(missing_mask_token("lora.noise=mask needs", f"--base {base}",
+                                             otherwise="train the adapter with lora.noise=uniform"))
     run = cfg.run_config()
     run = run.replace(model=base_config.with_runtime_of(run.model))
     recorded = ckpt_lib.load_prompt_format(base)

@@ -29,7 +29,7 @@ from typing import Any, Callable
 from tqdm import tqdm
 
 from .checkpoints import RunCheckpointer
-from .metrics import MetricsLog
+from .metrics import MetricsLog, Peak
 
 
 @dataclasses.dataclass
@@ -98,26 +98,44 @@ class MetricsLogger(Hook):
     carries the interval's loss sum and step count (`resume_record`, in the checkpoint's meta record), and
     the resumed logger continues from them (`resume_from`), so the row at the interval's end holds the
     same mean loss. Throughput is measured over the steps this process ran (compilation excluded): the
-    time of the steps before a resume is not known after it."""
+    time of the steps before a resume is not known after it.
+
+    The peak FLOP/s of the MFU (`peak`, a `metrics.Peak`) is read at the first row; one still to be
+    measured (a CPU's matmul) is measured then, with no step on the device (the hook is due at that step,
+    so the loop waits for it), and its time is not counted as step time. Summary: `peak_flops`,
+    `peak_flops_source` and `peak_flops_note` (None when no step ran and the peak was never measured)."""
 
     RESUME_KEY = "metrics_interval"
 
     def __init__(self, workdir: str, start_step: int, log_every: int, rows_per_step: int, seq_len: int,
-                 flops_per_token: float, peak_flops: float, tracker=None):
+                 flops_per_token: float, peak: Peak, tracker=None):
         self.log = MetricsLog(workdir, start_step, tracker=tracker)
         self.log_every = log_every
         self.rows_per_step, self.seq_len = rows_per_step, seq_len
-        self.flops_per_token, self.peak = flops_per_token, peak_flops
+        self.flops_per_token, self.peak = flops_per_token, peak
         self.row: dict | None = None  # the last row written and its step
         self.row_step = -1
+        self.measured = (0, 0.0)  # (after step, seconds) the peak's measurement took: host time, not step time
         t0 = time.perf_counter()
-        self.totals = {"tokens": 0, "steps": 0, "compile": 0.0, "t0": t0, "t1": t0}
+        self.totals = {"tokens": 0, "steps": 0, "compile": 0.0, "measure": 0.0, "t0": t0, "t1": t0}
         self._reset(t0)
 
     def _reset(self, t0: float) -> None:
         # loss/n: the interval's loss sum and steps (carried over a resume); timed_*: the steps this process
-        # ran in it (throughput)
-        self.acc = {"loss": 0.0, "n": 0, "tokens": 0, "timed_steps": 0, "compile": 0.0, "t0": t0}
+        # ran in it (throughput); excluded: seconds in it that were not step time (compiles, the measurement)
+        self.acc = {"loss": 0.0, "n": 0, "tokens": 0, "timed_steps": 0, "excluded": 0.0, "t0": t0}
+
+    def _logs(self, step: int, total: int) -> bool:
+        return bool(self.log_every and step % self.log_every == 0) or step == total
+
+    def due(self, step: int, total: int) -> bool:
+        return not self.peak.known and self._logs(step, total)
+
+    def on_step(self, event: StepEvent) -> None:
+        """Measures the peak before the first row (due only then, with no step on the device)."""
+        t = time.perf_counter()
+        _ = self.peak.flops  # reading it measures it
+        self.measured = (event.step, time.perf_counter() - t)
 
     def resume_record(self) -> dict:
         """The open interval's loss sum and step count, for the checkpoint's meta record."""
@@ -133,23 +151,28 @@ class MetricsLogger(Hook):
         if seconds <= 0 or not steps:
             return math.nan, math.nan
         flops = self.flops_per_token * self.rows_per_step * self.seq_len * steps
-        return tokens / seconds, flops / seconds / self.peak
+        return tokens / seconds, flops / seconds / self.peak.flops
 
     def on_metrics(self, event: StepEvent) -> None:
         m, acc, t = event.metrics, self.acc, self.totals
         now = event.time or time.perf_counter()
+        after, measure_s = self.measured
+        if measure_s and event.step > after:  # the measurement ran between the previous step and this one
+            acc["excluded"] += measure_s
+            t["measure"] += measure_s
+            self.measured = (0, 0.0)
         acc["loss"] += m["loss"]
         acc["n"] += 1
         acc["tokens"] += event.tokens
         acc["timed_steps"] += 1
-        acc["compile"] += event.compile_s
+        acc["excluded"] += event.compile_s
         t["tokens"] += event.tokens
         t["steps"] += 1
         t["compile"] += event.compile_s
         t["t1"] = now
         step = event.step
-        if (self.log_every and step % self.log_every == 0) or step == event.total:
-            dt = now - acc["t0"] - acc["compile"]
+        if self._logs(step, event.total):
+            dt = now - acc["t0"] - acc["excluded"]
             tokens_per_s, mfu = self._rate(acc["tokens"], acc["timed_steps"], dt)
             row = {"loss": acc["loss"] / acc["n"], "grad_norm": m["grad_norm"], "lr": m["lr"],
                    "tokens_per_s": tokens_per_s, "mfu": mfu, "step_time_s": dt / acc["timed_steps"],
@@ -165,10 +188,13 @@ class MetricsLogger(Hook):
 
     def on_end(self, state: dict, summary: dict) -> None:
         t = self.totals
-        tokens_per_s, mfu = self._rate(t["tokens"], t["steps"], t["t1"] - t["t0"] - t["compile"])
+        tokens_per_s, mfu = self._rate(t["tokens"], t["steps"], t["t1"] - t["t0"] - t["compile"] - t["measure"])
         summary["tokens_per_s"] = None if math.isnan(tokens_per_s) else tokens_per_s
         summary["mfu"] = None if math.isnan(mfu) else mfu
         summary["compile_s"] = t["compile"]
+        summary["peak_flops_source"] = self.peak.source
+        summary["peak_flops"] = self.peak.flops if self.peak.known else None
+        summary["peak_flops_note"] = self.peak.note if self.peak.known else None
 
     def close(self) -> None:
         self.log.close()

@@ -2,10 +2,11 @@
 
 A checkpoint carries its tokenizer (CKPT/tokenizer/: `conversion.hf_to_jax` stores the Hugging Face one,
 with `<mdm_mask>` when it added it; a training run's final/ stores the run's). A run that starts from a
-checkpoint (`train --init-from CKPT`, a drafter or draft model on `--base CKPT`) reads that tokenizer
-unless the command line names another (`tokenizer_for`), and is refused when the tokenizer it would read
-is not the checkpoint's (`check_tokenizer`): training a Qwen3 checkpoint on byte ids runs without an
-error and learns nothing useful, so it needs `train.allow_tokenizer_mismatch=true`.
+checkpoint (`train --init-from CKPT` and `train()` with `train.init_from`, a drafter or draft model on
+`--base CKPT`, GRPO on `--base CKPT`) reads that tokenizer unless another is named (`tokenizer_for`,
+`init_tokenizer`), and is refused when the tokenizer it would read is not the checkpoint's
+(`check_tokenizer`): training a Qwen3 checkpoint on byte ids runs without an error and learns nothing
+useful, so it needs `train.allow_tokenizer_mismatch=true`.
 
 A drafter or draft model also takes the global batch, length and accumulation of the run that trained
 its base (`from_base`: RUN/run_config.json beside RUN/final), since the base's size, not a preset's,
@@ -25,6 +26,7 @@ from . import config as rc
 from .identity import CONFIG_FILE
 
 ALLOW = "train.allow_tokenizer_mismatch"
+DEFAULT_TOKENIZER = rc.DataConfig().tokenizer
 # What a run on a base checkpoint takes from the base run (below `--set`, above the `--config` file).
 BASE_RUN_KEYS = ("data.batch_size", "data.max_length", "optim.grad_accum_steps")
 BASE_RUNTIME_KEYS = ("model.dtype", "model.remat", "model.remat_policy")
@@ -43,13 +45,17 @@ def tokenizer_for(ckpt: str, explicit: str | None) -> tuple[str | None, str | No
     return own, f"tokenizer: {own} (the checkpoint's own; --set data.tokenizer=… reads another)"
 
 
-def init_tokenizer(run: rc.RunConfig, explicit: str | None) -> tuple[rc.RunConfig, str | None]:
-    """`run` reading the tokenizer of its `train.init_from` checkpoint unless `explicit` (the command line's
-    `data.tokenizer`) names one, checked against the checkpoint; and the note of `tokenizer_for`. A run
-    without one, or whose checkpoint is missing (the trainer names it), is returned as it is."""
+def init_tokenizer(run: rc.RunConfig, explicit: str | None = None) -> tuple[rc.RunConfig, str | None]:
+    """`run` reading the tokenizer of its `train.init_from` checkpoint unless one is named, checked against
+    the checkpoint; and the note of `tokenizer_for`. Named: `explicit` (the command line's `--set
+    data.tokenizer`, which may name the default too), else `run.data.tokenizer` when it is not the default
+    (`byte`, what a preset says when it says nothing). A run without a checkpoint, or whose checkpoint is
+    missing (the trainer names it), is returned as it is."""
     init = run.train.init_from
     if not init or not os.path.isdir(init):
         return run, None
+    if explicit is None and run.data.tokenizer != DEFAULT_TOKENIZER:
+        explicit = run.data.tokenizer
     spec, note = tokenizer_for(init, explicit)
     if spec is not None:
         run = run.replace(data=dataclasses.replace(run.data, tokenizer=spec))

@@ -1,6 +1,7 @@
 """The training loop: `train(run_config, workdir) -> summary`.
 
-Order of work: validate everything (config vs workdir, tokenizer vs model, data files and records,
+Order of work: validate everything (the tokenizer of `train.init_from`'s checkpoint, `train.inherit`;
+config vs workdir, tokenizer vs model, data files and records,
 batch vs mesh) → build mesh, objective, optimizer and shardings → check that the step's estimated memory
 fits the machine (`train.memory`; else one `OutOfMemoryError`, nothing written) → restore the latest checkpoint (state
 and data iterator) or initialise (random or `train.init_from`) → loop: batch → sharded step → hooks
@@ -50,6 +51,7 @@ from ..objectives.losses import mask_id_of
 from ..objectives.zarya import zarya_objective
 from . import config as rc
 from . import identity
+from . import inherit
 from . import memory as memory_lib
 from . import sharding as shd
 from . import trackers
@@ -118,10 +120,13 @@ class _Setup:
 
 
 def _prepare(run: rc.RunConfig, workdir: str, force: bool, objective: Objective | None,
-             extra_identity: dict | None) -> _Setup:
-    """Validates every input before any compute: init checkpoint, tokenizer vs model, workdir, data,
-    batch vs mesh, objective (default: Zarya's for `run.zarya`)."""
+             extra_identity: dict | None, tokenizer: str | None) -> _Setup:
+    """Validates every input before any compute: init checkpoint and its tokenizer (`inherit.init_tokenizer`),
+    tokenizer vs model, workdir, data, batch vs mesh, objective (default: Zarya's for `run.zarya`)."""
     trackers.check(run.train.tracker)
+    run, note = inherit.init_tokenizer(run, tokenizer)
+    if note:
+        _log(note)
     tokenizer = load_tokenizer(run.data.tokenizer)
     init_config = None
     if run.train.init_from:
@@ -237,7 +242,7 @@ def _undo_start(workdir: str, created: bool, before: set[str]) -> None:
 
 def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Objective | None = None,
           init_params: Any = None, frozen_params: Any = None, hooks: Sequence[Hook] = (),
-          return_state: bool = False, identity_extra: dict | None = None) -> dict:
+          return_state: bool = False, identity_extra: dict | None = None, tokenizer: str | None = None) -> dict:
     """Trains (or resumes) the run in `workdir`. Returns a summary dict (status, step, loss, eval_loss,
     tokens_per_s, mfu, final_params, …; plus 'state' when `return_state`).
 
@@ -249,7 +254,10 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
     after the built-in ones (eval, metrics log, progress bar, checkpoint, export of the final params
     when the objective has an export and `train.export_final`). identity_extra: more JSON that
     identifies the run (compared on resume like the config, e.g. a drafter's settings and the content
-    of its base checkpoint).
+    of its base checkpoint). tokenizer: the tokenizer named for a run with `train.init_from` over that
+    checkpoint's own (the CLI's `--set data.tokenizer`); by default `data.tokenizer` when it is not `byte`,
+    else the checkpoint's own tokenizer when it has one; one that is not the checkpoint's is refused unless
+    `train.allow_tokenizer_mismatch` (`train.inherit`).
 
     Raises `memory.OutOfMemoryError` (a ConfigError) when the step's estimated memory exceeds the
     machine's (`train.memory_check`), before anything is compiled or written, and when XLA runs out of
@@ -258,7 +266,7 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
     t0 = time.perf_counter()
     shd.maybe_initialize_distributed(run.train.distributed)
     check_writable_dir(workdir, "--workdir")
-    setup = _prepare(run, workdir, force, objective, identity_extra)
+    setup = _prepare(run, workdir, force, objective, identity_extra, tokenizer)
     run, objective, mesh = setup.run, setup.objective, setup.mesh
     for warning in rc.degenerate(run) if jax.process_index() == 0 else ():
         print(f"warning: {warning}", file=sys.stderr, flush=True)
@@ -324,7 +332,7 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
         trackers.open_tracker, t.tracker, project=t.tracker_project, group=t.tracker_group, name=t.tracker_run,
         config=run.to_dict(), workdir=workdir)
     logger = MetricsLogger(workdir, start, run.train.log_every, run.data.batch_size, run.data.max_length,
-                           flops_tok, peak.flops, tracker)
+                           flops_tok, peak, tracker)
     logger.resume_from(resume_meta)
     saver = Checkpointer(ckpt, train_iter, run.train.save_every, start, meta=logger.resume_record)
     all_hooks = [h for h in (
@@ -336,9 +344,7 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
     ) if h is not None] + list(hooks)
 
     summary: dict[str, Any] = {"status": "completed", "workdir": os.path.abspath(workdir), "start_step": start,
-                               "data_stats": setup.splits.stats, "peak_flops": peak.flops,
-                               "peak_flops_source": peak.source, "peak_flops_note": peak.note,
-                               "memory_estimate_bytes": estimate.pool}
+                               "data_stats": setup.splits.stats, "memory_estimate_bytes": estimate.pool}
     flag = StopSignal()
     failure = None
     try:

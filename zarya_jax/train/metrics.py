@@ -1,6 +1,7 @@
 """Metrics: JSONL + TensorBoard (+ Weights & Biases / trackio, `trackers`) writers, the
 model-FLOPs-utilisation (MFU) estimate, and the device tables (bf16 peak FLOP/s, HBM bandwidth) that MFU
-and the decode roofline are measured against; a device with no table entry (a CPU) gets its peak measured."""
+and the decode roofline are measured against; a device with no table entry (a CPU) gets its peak measured
+(once per process, when an MFU is first computed)."""
 from __future__ import annotations
 
 import functools
@@ -8,7 +9,7 @@ import json
 import math
 import os
 import time
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -56,13 +57,30 @@ def hbm_bandwidth(device=None, override: float = 0.0) -> tuple[float | None, str
     return value, f"{device.device_kind} {value / 1e9:.0f} GB/s"
 
 
-class Peak(NamedTuple):
-    """Peak FLOP/s of a set of devices: `flops` (total), `source` ('given': `train.peak_flops`; 'table':
-    `PEAK_FLOPS`; 'measured': `measured_peak`) and a `note` saying how it was obtained."""
+class Peak:
+    """Peak FLOP/s of a set of devices (`device_peak`): `source` ('given': `train.peak_flops`; 'table':
+    `PEAK_FLOPS`; 'measured': `measured_peak`), `flops` (total) and `note` (how it was obtained). A peak
+    to be measured is measured when `flops` is first read, not before: a run that reports no MFU never
+    spends the second it takes."""
 
-    flops: float
-    source: str
-    note: str
+    def __init__(self, source: str, note: str, flops: float | Callable[[], tuple[float, str]]):
+        self.source, self._note, self._flops = source, note, flops  # flops: the value, or () -> (value, detail)
+
+    @property
+    def known(self) -> bool:
+        """Whether `flops` is at hand (reading it runs no measurement)."""
+        return not callable(self._flops)
+
+    @property
+    def flops(self) -> float:
+        if callable(self._flops):
+            self._flops, detail = self._flops()
+            self._note += detail
+        return self._flops
+
+    @property
+    def note(self) -> str:
+        return self._note if self.known else f"{self._note} (when the first MFU is computed)"
 
 
 def _bench_size(device) -> int:
@@ -87,26 +105,25 @@ def measured_peak(device, dtype: str = "float32") -> float:
 
 def device_peak(devices=None, override: float = 0.0, dtype: str = "float32") -> Peak:
     """The peak FLOP/s MFU is measured against: `override` per device when given, else the device table
-    (bf16 data sheets), else a matmul in the compute `dtype` measured here (`measured_peak`). CPU devices
-    share the host's cores, so their peak is the host's whatever the number of (virtual) devices."""
+    (bf16 data sheets), else a matmul in the compute `dtype` (`measured_peak`, run when the peak is first
+    read). CPU devices share the host's cores, so their peak is the host's whatever the number of (virtual)
+    devices."""
     devices = list(jax.devices() if devices is None else devices)
     if override > 0:
-        return Peak(override * len(devices), "given", f"given ({override:.3g}/device)")
+        return Peak("given", f"given ({override:.3g}/device)", override * len(devices))
     kind = devices[0].device_kind
     peak = None if devices[0].platform == "cpu" else _lookup(PEAK_FLOPS, kind)
     if peak is not None:
-        return Peak(peak * len(devices), "table", f"{kind} bf16 peak {peak / 1e12:.0f} TFLOP/s × {len(devices)}")
-    one = measured_peak(devices[0], dtype)
+        return Peak("table", f"{kind} bf16 peak {peak / 1e12:.0f} TFLOP/s × {len(devices)}", peak * len(devices))
     n = 1 if devices[0].platform == "cpu" else len(devices)
     size = _bench_size(devices[0])
-    return Peak(one * n, "measured", f"measured: {size}×{size} {dtype} matmul at {one / 1e9:.1f} GFLOP/s"
-                + (f" × {n}" if n > 1 else " (the host's cores)" if devices[0].platform == "cpu" else ""))
 
+    def measure() -> tuple[float, str]:
+        one = measured_peak(devices[0], dtype)
+        return one * n, f" at {one / 1e9:.1f} GFLOP/s" + (
+            f" × {n}" if n > 1 else " (the host's cores)" if devices[0].platform == "cpu" else "")
 
-def peak_flops(devices=None, override: float = 0.0, dtype: str = "float32") -> tuple[float, str]:
-    """(total peak FLOP/s of `devices`, how it was obtained): `device_peak`'s value and note."""
-    peak = device_peak(devices, override, dtype)
-    return peak.flops, peak.note
+    return Peak("measured", f"measured: {size}×{size} {dtype} matmul", measure)
 
 
 def train_flops_per_token(config: ModelConfig, seq_len: int, forward_passes: float = 1.0) -> float:

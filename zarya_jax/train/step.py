@@ -19,9 +19,9 @@ loop then stops with `NonFiniteError`, so no broken state is ever checkpointed. 
 into the jitted step (its buffers are reused for the new state: one copy of params and Adam moments in
 memory). Steps are traced with the mesh as the context mesh, so the model's fused attention kernels run
 per shard (`nn.attention`). Gradients are constrained to their params' shardings (`_sharded_like`), so each
-ends on its own FSDP/tensor shard. The constraint says where a gradient lives, not how it is summed: the
-TPU compiler still all-reduces the tied embedding's whole gradient inside the blockwise loss before
-slicing it (measured at qwen3-0.6b; docs/parallelism.md).
+ends on its own FSDP/tensor shard. The constraint says where a gradient lives, not how it is summed; the
+output head's gradient is reduce-scattered once per step by the blockwise loss itself
+(`objectives.losses.map_head_blocks`, docs/parallelism.md).
 """
 from __future__ import annotations
 
