@@ -85,6 +85,24 @@ def test_the_knobs_the_error_names_lower_the_estimate():
         **base, **{"model.remat": True, "model.remat_policy": "dots"})
 
 
+def test_a_save_counts_the_state_and_its_host_copy():
+    """Saving copies the state into host memory: asynchronously beside the next steps (a part of the step's
+    estimate), synchronously between steps (the peak is the larger of the step and twice the state)."""
+    # Qwen3's vocabulary on a tiny model at one short row: the state outweighs the step's temporaries.
+    run, mesh, objective, _, _, abstract, sh = planned({"mesh.num_devices": 1, "data.batch_size": 1,
+                                                        "data.max_length": 4, "model.vocab_size": 151936,
+                                                        "model.dtype": "bfloat16"})
+    of = lambda asynchronous: memory.estimate_train_step(  # noqa: E731
+        run.model, abstract, sh, mesh, batch_size=1, max_length=4, grad_accum=1,
+        forward_passes=objective.forward_passes, async_checkpointing=asynchronous)
+    sync, asynchronous = of(False), of(True)
+    state = sync.parts["state"]
+    assert sync.save == 2 * state > sync.per_device and sync.peak == sync.pool == 2 * state, sync.describe()
+    assert "host copy" in sync.describe()
+    assert asynchronous.parts[memory.CHECKPOINT_COPY] == state and asynchronous.save == 0
+    assert asynchronous.peak == asynchronous.per_device == sync.per_device + state
+
+
 # ---- through the command line
 
 @pytest.fixture(scope="module")
