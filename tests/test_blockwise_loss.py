@@ -124,32 +124,44 @@ def test_zarya_loss_and_gradients_equal_full_logits(tiny_config, tiny_params, zc
     assert_no_full_logits(jax.grad(fns[0], has_aux=True), tiny_params, vocab=tiny_config.vocab_size)
 
 
-def test_head_gradient_reduced_once_under_a_mesh(tiny_config, tiny_params):
+@pytest.mark.parametrize("loss", ["zarya", "distill"])
+def test_head_gradient_reduced_once_under_a_mesh(tiny_config, tiny_params, loss):
     """On a data × FSDP mesh the blockwise loss runs per device: the tied embedding is gathered once and its
     gradient reduce-scattered once after the block loop (never all-reduced inside it), with the loss and
-    gradients of the unsharded computation."""
+    gradients of the unsharded computation — the Zarya loss, and the draft model's distillation loss,
+    whose student head trains while its teacher's (gathered too) is a constant."""
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     from zarya_jax.train import sharding as shd
 
-    zc = ZaryaConfig()
     batch = random_batch(5, rows=8, length=16)
-    key = jax.random.PRNGKey(2)
-    fn = jax.value_and_grad(lambda p, b: losses.zarya_loss(p, tiny_config, zc, b, key, 2), has_aux=True)
-    want = jax.jit(fn)(tiny_params, batch)
+    if loss == "zarya":
+        key = jax.random.PRNGKey(2)
+        fn = jax.value_and_grad(lambda p, b: losses.zarya_loss(p, tiny_config, ZaryaConfig(), b, key, 2), has_aux=True)
+        trained, gathers = tiny_params, 1
+    else:
+        student_cfg = tiny_config.replace(num_layers=1)
+        cfg = distill_lib.DistillConfig(tv_weight=1.0, ce_weight=0.5, kl_weight=0.25)
+        teacher = tiny_params
+        fn = jax.value_and_grad(lambda s, b, t: distill_lib.distill_loss(s, t, student_cfg, tiny_config, b, cfg),
+                                has_aux=True)
+        trained, gathers = model_lib.init_params(student_cfg, jax.random.PRNGKey(4)), 2
+    extra = () if loss == "zarya" else (teacher,)
+    want = jax.jit(fn)(trained, batch, *extra)
     mesh = shd.make_mesh(shd.MeshConfig(data=2, fsdp=4, tensor=1), jax.devices()[:8])
-    params = jax.device_put(tiny_params, shd.tree_shardings(tiny_params, mesh))
-    rows = jax.device_put(batch, NamedSharding(mesh, P(("data", "fsdp"))))
+    on_mesh = lambda tree: jax.device_put(tree, shd.tree_shardings(tree, mesh))
+    args = (on_mesh(trained), jax.device_put(batch, NamedSharding(mesh, P(("data", "fsdp")))),
+            *map(on_mesh, extra))
 
-    def sharded(p, b):
+    def sharded(*a):
         with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-            return fn(p, b)
+            return fn(*a)
 
-    lowered = jax.jit(sharded).lower(params, rows)
-    assert_trees_close(lowered.compile()(params, rows), want)
+    lowered = jax.jit(sharded).lower(*args)
+    assert_trees_close(lowered.compile()(*args), want)
     d, v = tiny_config.hidden_size, tiny_config.vocab_size
     ops = collectives(lowered.as_text())
-    assert ops["all_gather"] == [f"{d // 4}x{v}"] and ops["reduce_scatter"] == [f"{d}x{v}"], ops
+    assert ops["all_gather"] == [f"{d // 4}x{v}"] * gathers and ops["reduce_scatter"] == [f"{d}x{v}"], ops
     assert not {f"{d}x{v}", f"{v}x{d}"} & set(ops["all_reduce"]), ops  # only the data axis' sum of a shard
 
 

@@ -13,7 +13,6 @@ student is exported as a normal checkpoint, like any AR model.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +22,7 @@ from ..nn import checkpoint
 from ..nn import model as model_lib
 from .ar import next_token_targets
 from .base import Objective
-from .losses import head_draft_row_losses
+from .losses import head_draft_row_losses, head_weights
 
 LOSSES = ("ntp", "tv")
 
@@ -62,9 +61,13 @@ def distill_loss(student_params, teacher_params, student: ModelConfig, teacher: 
     # [B, L, V] logits of either
     hq = hidden_of(student_params, student)
     hp = jax.lax.stop_gradient(hidden_of(teacher_params, teacher))
-    head_p = functools.partial(model_lib.lm_head, jax.lax.stop_gradient(teacher_params), teacher)
-    tv_row, ce_row, kl_row = head_draft_row_losses(functools.partial(model_lib.lm_head, student_params, student), hq,
-                                                   head_p, hp, targets, student.mask_token_id)
+    # the student's head (tied: its embedding) takes a gradient: both heads go through `map_head_blocks`,
+    # so it is summed over the batch once per step, not once per block
+    weights = {"q": head_weights(student_params, student),
+               "p": jax.lax.stop_gradient(head_weights(teacher_params, teacher))}
+    tv_row, ce_row, kl_row = head_draft_row_losses(
+        lambda w, h: model_lib.lm_head(w["q"], student, h), hq, lambda w, h: model_lib.lm_head(w["p"], teacher, h),
+        hp, targets, student.mask_token_id, weights=weights)
     w = rows.astype(jnp.float32)
     n = jnp.maximum(w.sum(), 1.0)
     tv, ce, kl = ((x * w).sum() / n for x in (tv_row, ce_row, kl_row))

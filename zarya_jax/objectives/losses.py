@@ -113,8 +113,9 @@ def map_sequence_blocks(fn, *arrays: Array, chunk: int | None = None):
 
 def map_head_blocks(fn, weights: dict, *arrays: Array, chunk: int | None = None):
     """`map_sequence_blocks(lambda *blocks: fn(weights, *blocks), *arrays)` for a loss whose blocks project
-    through `weights` (e.g. `model.head_params`, names in `model.HEAD_AXES`), with their gradient summed
-    over the batch once, not once per block.
+    through `weights` (a dict of head weights, `model.head_params`, or a dict of such dicts for two heads;
+    each leaf named by its key in `model.HEAD_AXES`), with their gradient summed over the batch once, not
+    once per block.
 
     Left to the partitioner, a weight used inside the block loop has its gradient all-reduced whole at
     every block (each device's rows give a partial sum; the loop carries the sum unsharded). Under a
@@ -130,20 +131,25 @@ def map_head_blocks(fn, weights: dict, *arrays: Array, chunk: int | None = None)
         return local(weights, *arrays)
     manual = (rows,) if isinstance(rows, str) else tuple(rows)
     only_manual = lambda entry: tuple(a for a in ((entry,) if isinstance(entry, str) else entry or ()) if a in manual)
-    w_specs = {name: P(*(only_manual(e) or None for e in spec_for(w.shape, model_lib.HEAD_AXES[name], mesh)))
-               for name, w in weights.items()}
+
+    def w_spec(path, w):
+        axes = model_lib.HEAD_AXES[path[-1].key]
+        return P(*(only_manual(e) or None for e in spec_for(w.shape, axes, mesh)))
+
+    w_specs = jax.tree.map_with_path(w_spec, weights)
+
+    def gathered(w, spec):
+        # Marked as differing per batch device before the gather (as the gathered copy's gradient
+        # does): the backward then reduce-scatters first and sums only the shard over the other axes.
+        whole = tuple(a for a in manual if a not in jax.tree.leaves(tuple(spec)))
+        w = jax.lax.pcast(w, whole, to="varying")
+        for dim, axes in enumerate(spec):
+            if axes:  # gathered along the major dim, so the backward's scatter is contiguous
+                w = jnp.moveaxis(jax.lax.all_gather(jnp.moveaxis(w, dim, 0), axes, axis=0, tiled=True), 0, dim)
+        return w
 
     def per_device(w, *xs):
-        for name, spec in w_specs.items():
-            # Marked as differing per batch device before the gather (as the gathered copy's gradient
-            # does): the backward then reduce-scatters first and sums only the shard over the other axes.
-            whole = tuple(a for a in manual if a not in jax.tree.leaves(tuple(spec)))
-            w = {**w, name: jax.lax.pcast(w[name], whole, to="varying")}
-            for dim, axes in enumerate(spec):
-                if axes:  # gathered along the major dim, so the backward's scatter is contiguous
-                    major = jax.lax.all_gather(jnp.moveaxis(w[name], dim, 0), axes, axis=0, tiled=True)
-                    w = {**w, name: jnp.moveaxis(major, 0, dim)}
-        return local(w, *xs)
+        return local(jax.tree.map(gathered, w, w_specs, is_leaf=lambda x: isinstance(x, P)), *xs)
 
     # Axes of size 1 are manual too, so a mesh without a tensor split is wholly manual.
     axis_names = frozenset(manual) | {a for a in mesh.axis_names if mesh.shape[a] == 1}
@@ -160,8 +166,13 @@ def head_token_cross_entropy(params, config: ModelConfig, hidden: Array, targets
     def block(w, h, t):
         return token_cross_entropy(model_lib.lm_head(w, config, h), t)
 
-    weights = {k: v.astype(config.jnp_dtype) for k, v in model_lib.head_params(params, config).items()}
-    return map_head_blocks(block, weights, hidden, targets, chunk=chunk)
+    return map_head_blocks(block, head_weights(params, config), hidden, targets, chunk=chunk)
+
+
+def head_weights(params, config: ModelConfig) -> dict:
+    """`model.head_params` in the compute dtype: what `map_head_blocks` gathers (half the bytes of an fp32
+    master copy)."""
+    return {k: v.astype(config.jnp_dtype) for k, v in model_lib.head_params(params, config).items()}
 
 
 def _chunk_terms(zq, zp, targets, exclude_id):
@@ -227,15 +238,27 @@ def draft_row_losses(logits: Array, targets: Array, exclude_id: int | None = Non
                                logits[:, :length], logits[:, length:], targets, chunk=chunk)
 
 
-def head_draft_row_losses(head_q: Callable[[Array], Array], hidden_q: Array, head_p: Callable[[Array], Array],
-                          hidden_p: Array, targets: Array, exclude_id: int | None = None, chunk: int | None = None):
+def head_draft_row_losses(head_q: Callable[..., Array], hidden_q: Array, head_p: Callable[..., Array],
+                          hidden_p: Array, targets: Array, exclude_id: int | None = None, chunk: int | None = None,
+                          *, weights: dict | None = None):
     """`draft_row_losses` of the logits head_q(hidden_q) (q) and head_p(hidden_p) (p, a constant), hidden
     [B, L, d] each, heads [..., d] -> fp32 [..., V] (`model.lm_head`): each block of positions is projected,
-    reduced and (in the backward) re-projected on its own, so no [B, L, V] array exists."""
-    def block(hq, hp, t):
-        return _draft_block(head_q(hq), jax.lax.stop_gradient(head_p(hp)), t, exclude_id)
+    reduced and (in the backward) re-projected on its own, so no [B, L, V] array exists.
 
-    return map_sequence_blocks(block, hidden_q, hidden_p, targets, chunk=chunk)
+    weights: the head weights that take a gradient (e.g. {"q": a student's `model.head_params`, "p": its
+    teacher's}), passed to the heads as their first argument, head(weights, hidden), through
+    `map_head_blocks`, so their gradient is summed over the batch once per step rather than once per block.
+    None: the heads close over their (frozen) weights, head(hidden)."""
+    if weights is None:
+        def block(hq, hp, t):
+            return _draft_block(head_q(hq), jax.lax.stop_gradient(head_p(hp)), t, exclude_id)
+
+        return map_sequence_blocks(block, hidden_q, hidden_p, targets, chunk=chunk)
+
+    def head_block(w, hq, hp, t):
+        return _draft_block(head_q(w, hq), jax.lax.stop_gradient(head_p(w, hp)), t, exclude_id)
+
+    return map_head_blocks(head_block, weights, hidden_q, hidden_p, targets, chunk=chunk)
 
 
 def loss_from_logits(logits: Array, inputs: dict, zarya_config: ZaryaConfig, slot_size: int = 0):
