@@ -22,6 +22,7 @@ ends an interrupted process without the interpreter teardown that crashed it wit
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import signal
 import sys
@@ -71,6 +72,19 @@ def main(command: Callable[[], int]) -> None:
                 pass
         os._exit(code)
     sys.exit(code)
+
+
+def script(module: str) -> Callable[[], None]:
+    """The console script (pyproject.toml's `[project.scripts]`, listed in `experiments.scripts`) of the command
+    `python -m module`: its `main()` on this process's arguments, ended by `main` above as the `python -m`
+    form is, so that an interrupted console script also skips the teardown that crashes. The module is
+    imported when the script runs (commands import this module)."""
+    def entry() -> None:
+        main(importlib.import_module(module).main)
+
+    entry.module = module
+    entry.__qualname__ = entry.__name__ = f"script({module!r})"
+    return entry
 
 
 def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:

@@ -14,9 +14,11 @@ Modes: `ar` (autoregressive baseline), `mdm` (mode A, docs/algorithms.md §5), `
 `--lora`; sampled with the noise convention it was trained with), `spec-model` (classic speculative
 sampling with an independent draft model, needs `--draft-ckpt`, e.g. one from
 `experiments.train_draft_model`; docs/algorithms.md §7.6), `spec-self-fused` / `spec-lora-fused` (the same
-drafters in one forward pass per cycle, docs/algorithms.md §7.5). `--knob [MODE.]FIELD=VALUE` sets any
-`GenerationConfig` field for one mode or all (YAML values, typed; an unknown field is an error that
-names the closest ones). Per mode it reports exact-match accuracy, wall-clock generated tokens/s
+drafters in one forward pass per cycle, docs/algorithms.md §7.5). `--knob MODE.FIELD=VALUE` sets a field
+of that mode (its dataclass in `zarya_jax.sampling`, e.g. `slotted.token_threshold=0.5`) or a shared
+sampling field for it (`spec-self.temperature=0.7`); `--knob '*.FIELD=VALUE'` sets a shared field for
+every mode (YAML values, typed from the field; a field the mode does not have is an error that names
+its fields). Per mode it reports exact-match accuracy, wall-clock generated tokens/s
 (compile time excluded and reported apart, in the table too), tokens per forward pass and the speed-up
 over `ar`; it writes `summary.json` (with the arguments, the evaluation's settings and their id, and the
 code's provenance: commit, dirty tree, package versions), `summary.md` and `predictions.jsonl` (one line
@@ -44,7 +46,7 @@ each is validated once, where the section is built; `--set eval.ckpt=DIR` is `--
 checkpoint is read by `zarya_jax.inference.load_for_inference` (`--tokenizer` wins over the
 checkpoint's own tokenizer).
 
-Everything is checked before any decoding: the flags, each mode's knobs (a knob the mode does not read,
+Everything is checked before any decoding: the flags, each mode's knobs (a field the mode does not have,
 such as `ar.slot_size` or `ar.mode`, is an error), that the checkpoint has a mask token when a mode
 needs one (`mdm`, `slotted`, `spec-self`: the error names the checkpoint and `conversion.hf_to_jax
 --add-mask-token`), every record, the checkpoint against its checksums (`--no-verify` skips that),
@@ -63,8 +65,9 @@ from zarya_jax import overrides
 from zarya_jax.checkpoint import load_config
 from zarya_jax.config import ConfigError, PromptFormat
 from zarya_jax.eval import answers, diagnose, identity
-from zarya_jax.eval.evaluate import (ADAPTER_MODES, MODES, EvalConfig, check_mask_token, check_mode_knobs, evaluate,
-                                     generation_config, parse_knobs, parse_modes, summary_markdown, write_outputs)
+from zarya_jax.eval.evaluate import (ADAPTER_MODES, DRAFT_MODEL_MODES, MODES, EvalConfig, check_mask_token,
+                                     check_mode_knobs, evaluate, generation_config, parse_knobs, parse_modes,
+                                     summary_markdown, write_outputs)
 from zarya_jax.eval.tasks import read_jsonl
 from zarya_jax.files import OutputPathError, check_output, check_writable_dir
 from zarya_jax.inference import load_for_inference, prompt_format
@@ -106,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--limit", type=int, default=0, help="evaluate only the first N records (0: all)")
     p.add_argument("--knob", action="append", default=[],
-                   help="[MODE.]FIELD=VALUE GenerationConfig override, repeatable (e.g. slotted.slot_size=4)")
+                   help="MODE.FIELD=VALUE (a field of that mode, or a shared sampling field) or '*.FIELD=VALUE' "
+                   "(a shared field, every mode), repeatable (e.g. slotted.slot_size=4)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch1-examples", type=int, default=0, help="also time the first N records at batch 1")
     p.add_argument("--diagnose", action="store_true", help="add each head's teacher-forced accuracy and each "
@@ -146,8 +150,8 @@ def main(argv=None) -> int:
 
 def eval_config(args) -> tuple[EvalConfig, dict]:
     """The eval section from the flags, `--knob MODE.FIELD=VALUE` items as `eval.knobs.MODE.FIELD`, then
-    `--set` (which wins); and the knobs for every mode (`--knob FIELD=VALUE`), checked by `evaluate`
-    against the modes. The section validates every field; an error names the flag it came from."""
+    `--set` (which wins); and the shared knobs for every mode (`--knob '*.FIELD=VALUE'`). The section
+    validates every field; an error names the flag it came from."""
     knobs = parse_knobs(args.knob)
     flags = {f"eval.{field}": getattr(args, field) for field, _ in FLAGS}
     flags["eval.modes"] = parse_modes(args.modes)
@@ -183,17 +187,16 @@ def _run(args) -> int:
     lora_modes = [m for m in ev.modes if m in ADAPTER_MODES]
     if lora_modes and not args.lora:
         raise ValueError(f"mode {lora_modes[0]!r} needs --lora ADAPTER_DIR")
-    if "spec-model" in ev.modes and not args.draft_ckpt:
-        raise ValueError("mode 'spec-model' needs --draft-ckpt DRAFT_CKPT_DIR")
+    draft_modes = [m for m in ev.modes if m in DRAFT_MODEL_MODES]
+    if draft_modes and not args.draft_ckpt:
+        raise ValueError(f"mode {draft_modes[0]!r} needs --draft-ckpt DRAFT_CKPT_DIR")
     if not os.path.isdir(ckpt):
         raise ValueError(f"{'--ckpt' if ckpt == args.ckpt else 'eval.ckpt'} {ckpt!r} is not a directory")
     knobs = {**ev.knobs.as_dict(), **shared}
     check_mode_knobs(ev.modes, knobs)
     check_mask_token({m: generation_config(m, ev.max_new_tokens, knobs) for m in ev.modes}, load_config(ckpt), ckpt)
     fmt = prompt_format(ckpt, format_overrides(args))
-    records = read_jsonl(args.data, fmt)
-    if ev.limit:
-        records = records[: ev.limit]
+    records = read_jsonl(args.data, fmt)  # `evaluate` decodes the first `ev.limit` of them
     settings = identity.settings(ev, knobs, ckpt=ckpt, data=args.data, prompt_format=fmt, lora=args.lora,
                                  draft_ckpt=args.draft_ckpt, tokenizer=args.tokenizer,
                                  diagnose=sizes if args.diagnose else None)
@@ -205,7 +208,7 @@ def _run(args) -> int:
         return 0
     check_writable_dir(out, "--out")  # now, not after the decoding
     model = load_for_inference(ckpt, tokenizer=args.tokenizer, adapter=args.lora,
-                               draft=args.draft_ckpt if "spec-model" in ev.modes else None,
+                               draft=args.draft_ckpt if draft_modes else None,
                                verify=not args.no_verify, format_overrides=format_overrides(args),
                                mesh=cli.decode_mesh())
     summary, predictions = evaluate(model, records, ev, knobs=knobs)

@@ -3,26 +3,30 @@
     python -m experiments.generate --ckpt CKPT --prompt "Hello" [--prompt "…"] --mode slotted
     python -m experiments.generate --ckpt CKPT --prompts-file prompts.txt --mode ar --batch-size 8 \
         --set temperature=0.7 --set top_p=0.9
+    python -m experiments.generate --ckpt CKPT --prompt "Hi" --mode spec-lora --lora LORA_DIR --set draft_length=4
 
 Prompts: `--prompt` (repeatable) or `--prompts-file` (one prompt per line; `.jsonl` files hold
 objects with a "prompt" field, or the field named by `--prompt-key`). Each prompt is rendered as the
 checkpoint's training prompts were (its recorded prompt format: chat template, system message, prompt
 template; `zarya_jax.data.render`; `--format FIELD=VALUE` changes a field). Tokenizer
 (`zarya_jax.inference.load_for_inference`): `--tokenizer` if given, else the checkpoint's own
-(CKPT/tokenizer/), else the byte tokenizer. Every `GenerationConfig` field is a knob: `--set FIELD=VALUE`
-(YAML values; list below); `--mode` and `--max-new-tokens` are shorthands for two of them. Prompts run
+(CKPT/tokenizer/), else the byte tokenizer. `--mode` is one of the eight decoding modes (`ar`, `mdm`,
+`slotted`, `spec-self`, `spec-lora`, `spec-model`, `spec-self-fused`, `spec-lora-fused`; default `mdm`,
+mode A); `--set FIELD=VALUE` sets a field of that mode's dataclass or a shared sampling field (YAML
+values, typed from the field; list below); `--max-new-tokens` is a shorthand for one of them. Prompts run
 in batches of `--batch-size`; the text of each row is printed as soon as its batch finishes.
 `--output F.jsonl` also writes one record per prompt, with the prompt's token ids as rendered (written
 to a temporary file, renamed when complete). A LoRA drafter (`--lora DIR`) is sampled with the noise
-convention it was trained with; a draft model (`--set drafter=model --draft-ckpt DIR`) must read the
-checkpoint's ids. A knob the chosen mode does not read (e.g. `--mode ar --set slot_size=4`)
-is an error, the checkpoint is verified against its checksums (`--no-verify` skips that) and `--output`
-is checked writable up front. Bad input exits with status 2 and one `error:` line on stderr, before
+convention it was trained with; a draft model (`--mode spec-model --draft-ckpt DIR`) must read the
+checkpoint's ids. A field the chosen mode does not have (e.g. `--mode ar --set slot_size=4`) is an
+error that names its fields, the checkpoint is verified against its checksums (`--no-verify` skips
+that) and `--output` is checked writable up front. Bad input exits with status 2 and one `error:` line on stderr, before
 anything is generated.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -32,30 +36,30 @@ import jax
 from zarya_jax import overrides
 from zarya_jax.data.records import jsonl_lines
 from zarya_jax.data.render import render_prompt
+from zarya_jax.eval.evaluate import ADAPTER_MODES, DRAFT_MODEL_MODES, MODES, SHARED_TYPES
+from zarya_jax.eval.evaluate import generation_config as mode_config
 from zarya_jax.files import atomic_write_jsonl, check_output, check_writable_file, input_file_problem
-from zarya_jax.sampling import GenerationConfig, generate
 from zarya_jax.inference import load_for_inference
-from zarya_jax.sampling.config import MODES, ROUTING_FIELDS, check_knobs
+from zarya_jax.sampling import GenerationConfig, generate
+from zarya_jax.sampling import modes as modes_lib
 
 from . import cli
 from .evaluate import add_format_arguments, format_overrides
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m experiments.generate", description=__doc__,
-                                epilog=overrides.help_table(overrides.keys(GenerationConfig)),
+    p = argparse.ArgumentParser(prog="python -m experiments.generate", description=__doc__, epilog=knobs_help(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", action="append", help="a prompt (repeat for several)")
     src.add_argument("--prompts-file", help="text file, one prompt per line (or .jsonl with a 'prompt' field)")
     p.add_argument("--ckpt", required=True, help="checkpoint directory (zarya_jax.checkpoint.save)")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory or 'byte' (default: the checkpoint's)")
-    p.add_argument("--mode", choices=MODES, default=None,
-                   help="sampler (the `mode` knob); default routes by slotted_generation (mode B if set, else mode A)")
+    p.add_argument("--mode", choices=MODES, default="mdm", help="decoding mode (default: mdm, mode A)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="the `max_new_tokens` knob")
     cli.add_set_flag(p, "temperature=0.7")
-    p.add_argument("--lora", default=None, help="mode spec with drafter=lora: LoRA adapter directory")
-    p.add_argument("--draft-ckpt", default=None, help="mode spec with drafter=model: draft model checkpoint directory")
+    p.add_argument("--lora", default=None, help="modes spec-lora, spec-lora-fused: LoRA adapter directory")
+    p.add_argument("--draft-ckpt", default=None, help="mode spec-model: draft model checkpoint directory")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", default=None, help="also write JSONL records here")
@@ -98,14 +102,19 @@ def read_prompts(args, prompt_key: str = "prompt") -> list[str]:
     return prompts
 
 
+def knobs_help() -> str:
+    """The `--set` listing: the shared sampling fields, then each mode's own."""
+    shared = [row for row in overrides.keys(GenerationConfig) if row[0] in SHARED_TYPES]
+    parts = [overrides.help_table(shared).replace("knobs (", "shared knobs, every mode (", 1)]
+    parts += [overrides.help_table(overrides.keys(cls)).replace("knobs (", f"--mode {name} knobs (", 1)
+              for name, cls in modes_lib.MODES.items() if dataclasses.fields(cls)]
+    return "\n\n".join(parts)
+
+
 def generation_config(args) -> GenerationConfig:
-    """`--mode` and `--max-new-tokens`, then the `--set` knobs, typed against GenerationConfig; a knob
-    the resulting mode does not read is an error."""
-    base = GenerationConfig(mode=args.mode, max_new_tokens=args.max_new_tokens)
-    knobs = cli.set_overrides(args)
-    gc = overrides.apply(base, knobs)
-    check_knobs(gc.resolved_mode, [k for k in knobs if k not in ROUTING_FIELDS])
-    return gc
+    """`--mode` and `--max-new-tokens`, then the `--set FIELD=VALUE` knobs: fields of the mode or shared
+    ones, typed from the field; a field the mode does not have is an error naming its fields."""
+    return mode_config(args.mode, args.max_new_tokens, {args.mode: cli.set_overrides(args)})
 
 
 def main(argv=None) -> int:
@@ -120,12 +129,12 @@ def _run(args) -> int:
         raise ValueError(f"--ckpt {args.ckpt!r} is not a directory")
     gc = generation_config(args)
     gc.validate()
-    with_lora = gc.resolved_mode == "spec" and gc.drafter == "lora"
+    with_lora = args.mode in ADAPTER_MODES
     if with_lora and args.lora is None:
-        raise ValueError("--mode spec with drafter=lora needs --lora DIR (the drafter adapter)")
-    with_draft = gc.resolved_mode == "spec" and gc.drafter == "model"
+        raise ValueError(f"--mode {args.mode} needs --lora DIR (the drafter adapter)")
+    with_draft = args.mode in DRAFT_MODEL_MODES
     if with_draft and args.draft_ckpt is None:
-        raise ValueError("--mode spec with drafter=model needs --draft-ckpt DIR (the draft model checkpoint)")
+        raise ValueError(f"--mode {args.mode} needs --draft-ckpt DIR (the draft model checkpoint)")
     if args.output:
         check_output(args.output, {"--ckpt": args.ckpt, "--prompts-file": args.prompts_file, "--lora": args.lora,
                                    "--draft-ckpt": args.draft_ckpt,

@@ -16,9 +16,10 @@ errors; (6) print the table and write `report.json`, `report.md` and `report.png
 loss curve) to `--workdir`.
 
 The run configuration is one typed tree (`zarya_jax.experiment.ExperimentConfig`): the trainer's
-sections `model`, `zarya`, `optim`, `data`, `mesh`, `train`, plus `task` (the generator), `drafter`,
-`eval` (modes, knobs), `frontier` (the grid) and `goals` (the report's targets). `--set
-section.key=value` overrides any entry; sweeps (`experiments.sweep`) use the same keys.
+sections `model`, `zarya`, `optim`, `data`, `mesh`, `train`, plus `task` (the generator), `drafter` and
+`draft_model` (each composed of its own sections, e.g. `drafter.lora.rank`, `drafter.optim.lr`,
+`draft_model.objective.loss`), `eval` (modes, knobs), `frontier` (the grid) and `goals` (the report's
+targets). `--set section.key=value` overrides any entry; sweeps (`experiments.sweep`) use the same keys.
 
 Rerunning the same command is safe: an up-to-date workdir is left as it is (its report is printed), an
 interrupted one resumes, and one trained with another config is refused unless `--force`. Checkpoints
@@ -118,12 +119,13 @@ WRITES = ("data", "eval", "drafter", "drafter_data", "calibration", "report.json
 
 def _locked_run(args, config) -> int:
     if args.minutes is not None:
-        steps = experiment.calibrate_steps(config, args.workdir, args.minutes)
+        steps = experiment.calibrate_steps(config.trainer, config.task, args.workdir, args.minutes,
+                                           need_val=config.frontier.enabled)
         config = overrides.apply(config, {"train.steps": steps})
         print(f"--minutes {args.minutes}: {steps} steps fit on this machine", flush=True)
     kept = experiment.current_report(config, args.workdir) is not None
     report = experiment.run(config, args.workdir, progress=not args.no_progress, force=args.force)
-    print(report_markdown(report.to_json()))
+    print(report_markdown(report))
     print(f"kept {args.workdir}/report.json, report.md, report.png (up to date with this config)" if kept
           else f"wrote {args.workdir}/report.json, report.md, report.png")
     return 0

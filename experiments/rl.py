@@ -4,12 +4,13 @@
         [--arm ar|frozen|refreshed|self] [--adapter DIR] [--set rl.num_generations=4 --set rl.beta=0.04 ...]
     python -m experiments.rl --demo [--workdir runs/rl-demo] [--smoke]
 
-The run (`zarya_jax.rl.trainer`): per RL step, `rl.prompts_per_step` prompts × `rl.num_generations`
-completions sampled by the arm's sampler from the current policy, rewards (exact match of the final
-`####` answer + 0.1 × a format term, or `rl.reward=module.function`), group-normalised advantages,
-the clipped objective with a k3 KL penalty to the base checkpoint (β = rl.beta, ε = rl.epsilon,
-rl.num_iterations updates per batch, rl.loss_agg_mode), AdamW. Arms (the rollouts are the policy's
-samples in every arm, so they differ in speed only):
+The run (`zarya_jax.rl.trainer`, a run of the shared training loop): per RL step,
+`rl.prompts_per_step` prompts × `rl.num_generations` completions sampled by the arm's sampler from the
+current policy, rewards (exact match of the final `####` answer + 0.1 × a format term, or
+`rl.reward=module.function`), group-normalised advantages, the clipped objective with a k3 KL penalty to
+the base checkpoint (β = rl.beta, ε = rl.epsilon, rl.num_iterations updates per batch,
+rl.loss_agg_mode), AdamW (optim.*). Arms (the rollouts are the policy's samples in every arm, so they
+differ in speed only):
   ar         plain AR sampling
   frozen     Ψ-Spec with the LoRA drafter of --adapter, never updated
   refreshed  the same drafter, refreshed every rl.refresh_every steps by rl.refresh_steps TV-loss steps
@@ -60,7 +61,7 @@ def main(argv=None) -> int:
 
 def _run(args) -> int:
     if args.demo:
-        from zarya_jax.rl import demo
+        from zarya_jax.experiment import rl_demo as demo
 
         if args.base or args.adapter or args.arm:
             raise ValueError("--demo trains its own base and drafter and runs every arm: drop --base, --adapter, --arm")

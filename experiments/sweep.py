@@ -15,7 +15,7 @@ A sweep file (YAML or JSON):
       zarya.diffusion_loss_proportion: [0.25, 0.5]
 
 The run config is the quickstart's (`zarya_jax.experiment.ExperimentConfig`: sections task, model,
-zarya, optim, data, mesh, train, drafter, eval, frontier, goals); its dotted keys are typed and checked by
+zarya, optim, data, mesh, train, drafter, draft_model, eval, frontier, goals); its dotted keys are typed and checked by
 `zarya_jax.overrides` for every run before anything runs (also by --dry-run, which prints each run's
 typed overrides). Each run trains a model and evaluates it in the configured decoding modes.
 Resumable: a finished run leaves `<workdir>/<run>/DONE.json` (written atomically, so a killed run

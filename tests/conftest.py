@@ -10,19 +10,20 @@ import jax
 import pytest
 
 from zarya_jax.config import ModelConfig, ZaryaConfig
-from zarya_jax.model import init_params
-from zarya_jax.testing import TINY
+from zarya_jax.testing import TINY, random_params
 
 
 @pytest.fixture(scope="session")
 def tiny_config() -> ModelConfig:
-    """Byte-tokenizer-sized model with the mask token at id 259 and EOS at 258 (`zarya_jax.testing.TINY`)."""
+    """Byte-tokenizer-sized model with the mask token at id 259 and EOS at 258 (`zarya_jax.testing.TINY`;
+    `TINY.replace(**changes)` for a variant)."""
     return TINY
 
 
 @pytest.fixture(scope="session")
 def tiny_params(tiny_config):
-    return init_params(tiny_config, jax.random.PRNGKey(0))
+    """Its initial params from PRNGKey(0) (`zarya_jax.testing.random_params`: shared, read-only)."""
+    return random_params(tiny_config)
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ from zarya_jax.config import ConfigError, ZaryaConfig
 from zarya_jax.data.batch import make_batch
 from zarya_jax.nn import attention, masks
 from zarya_jax.objectives.losses import transform, zarya_loss
-from zarya_jax.testing import tiny_config
+from zarya_jax.testing import TINY
 
 T, H, KV, D = 128, 4, 2, 16
 FUSED = ("dot_product", "splash")
@@ -90,9 +90,9 @@ def test_training_loss_and_gradients_match_dense(tiny_params, packed_batch):
     zc = ZaryaConfig(slot_size_set=(4,), slot_step_borders=(1.0,))
     grad = jax.jit(jax.value_and_grad(zarya_loss, has_aux=True), static_argnums=(1, 2, 5))
     key = jax.random.PRNGKey(3)
-    (ref, _), ref_grads = grad(tiny_params, tiny_config(attention="dense"), zc, packed_batch, key, 4)
+    (ref, _), ref_grads = grad(tiny_params, TINY.replace(attention="dense"), zc, packed_batch, key, 4)
     for backend in ("dot_product",):
-        (loss, _), grads = grad(tiny_params, tiny_config(attention=backend), zc, packed_batch, key, 4)
+        (loss, _), grads = grad(tiny_params, TINY.replace(attention=backend), zc, packed_batch, key, 4)
         np.testing.assert_allclose(loss, ref, rtol=1e-6)
         for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
             np.testing.assert_allclose(g, r, atol=1e-5)
@@ -130,7 +130,7 @@ def test_auto_picks_by_platform_and_mask():
 
 def test_bad_backend_is_one_clean_error(tmp_path, capsys):
     with pytest.raises(ConfigError, match="attention='flash'.*dot_product"):
-        tiny_config(attention="flash")
+        TINY.replace(attention="flash")
     code = train_cli.main(["--config", "tiny", "--set", "model.attention=flash", "--set", "data.train=x.jsonl",
                            "--workdir", str(tmp_path / "w")])
     err = capsys.readouterr().err

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from zarya_jax import checkpoint
+from zarya_jax import checkpoint, testing
 from zarya_jax.config import ZaryaConfig
 from zarya_jax.data.tokenizer import ByteTokenizer, load_tokenizer
 from zarya_jax.nn import hf_params
@@ -28,29 +28,23 @@ def assert_same(a, b) -> None:
 
 
 @pytest.fixture(scope="module")
-def tiny_params(tiny_config):
-    """Random params as jax arrays with the shapes of the model's params (no model init needed)."""
-    rng = np.random.default_rng(0)
-    params = {}
-    for e in hf_params.entries(tiny_config):
-        shape = hf_params.stacked_shape(e, tiny_config)
-        hf_params.set_path(params, e.path, jax.device_put(rng.standard_normal(shape, dtype=np.float32)))
-    return params
+def normal_params(tiny_config):
+    return testing.normal_params(tiny_config)
 
 
 @pytest.fixture(scope="module")
-def saved(tiny_config, tiny_params, tmp_path_factory):
+def saved(tiny_config, normal_params, tmp_path_factory):
     zarya = ZaryaConfig(alpha0=0.5, noise_sorting=True)
-    path = checkpoint.save(tmp_path_factory.mktemp("ck") / "model", tiny_params, tiny_config, zarya,
+    path = checkpoint.save(tmp_path_factory.mktemp("ck") / "model", normal_params, tiny_config, zarya,
                            tokenizer=ByteTokenizer())
     return path, zarya
 
 
-def test_round_trip(saved, tiny_config, tiny_params):
+def test_round_trip(saved, tiny_config, normal_params):
     path, zarya = saved
     params, config = checkpoint.load(path)
     assert config == tiny_config
-    assert_same(params, tiny_params)
+    assert_same(params, normal_params)
     assert all(isinstance(x, jax.Array) for _, x in hf_params.leaves(params))
     assert checkpoint.load_zarya_config(path) == zarya
     assert checkpoint.load_config(path) == tiny_config
@@ -58,9 +52,9 @@ def test_round_trip(saved, tiny_config, tiny_params):
     assert sorted(os.listdir(os.path.dirname(path))) == ["model"]  # no temp dirs left
 
 
-def test_numpy_bf16_tree_without_zarya(tiny_config, tiny_params, tmp_path):
+def test_numpy_bf16_tree_without_zarya(tiny_config, normal_params, tmp_path):
     config = tiny_config.replace(param_dtype="bfloat16")
-    params = jax.tree.map(lambda x: np.asarray(x).astype(jax.numpy.bfloat16), tiny_params)
+    params = jax.tree.map(lambda x: np.asarray(x).astype(jax.numpy.bfloat16), normal_params)
     path = checkpoint.save(tmp_path / "bf16", params, config)
     restored, restored_config = checkpoint.load(path)
     assert restored_config == config and restored["embed"].dtype == jax.numpy.bfloat16
@@ -68,31 +62,31 @@ def test_numpy_bf16_tree_without_zarya(tiny_config, tiny_params, tmp_path):
     assert checkpoint.load_zarya_config(path) is None and checkpoint.tokenizer_dir(path) is None
 
 
-def test_refuses_overwrite_unless_asked(saved, tiny_config, tiny_params):
+def test_refuses_overwrite_unless_asked(saved, tiny_config, normal_params):
     path, _ = saved
     with pytest.raises(FileExistsError, match="already exists"):
-        checkpoint.save(path, tiny_params, tiny_config)
+        checkpoint.save(path, normal_params, tiny_config)
     assert checkpoint.load_zarya_config(path) is not None  # untouched
-    other = jax.tree.map(lambda x: np.asarray(x) + 1, tiny_params)
+    other = jax.tree.map(lambda x: np.asarray(x) + 1, normal_params)
     checkpoint.save(path, other, tiny_config, overwrite=True)
     assert_same(checkpoint.load(path)[0], other)
     assert checkpoint.load_zarya_config(path) is None
     assert sorted(os.listdir(os.path.dirname(path))) == ["model"]
-    checkpoint.save(path, tiny_params, tiny_config, overwrite=True)  # restore for the other tests
+    checkpoint.save(path, normal_params, tiny_config, overwrite=True)  # restore for the other tests
 
 
-def test_failed_save_leaves_nothing(tiny_config, tiny_params, tmp_path):
+def test_failed_save_leaves_nothing(tiny_config, normal_params, tmp_path):
     # A leaf with the right shape but a type Orbax cannot write fails inside the Orbax save.
-    broken = jax.tree.map(lambda x: x, tiny_params)
-    broken["final_norm"]["scale"] = types.SimpleNamespace(shape=tiny_params["final_norm"]["scale"].shape)
+    broken = jax.tree.map(lambda x: x, normal_params)
+    broken["final_norm"]["scale"] = types.SimpleNamespace(shape=normal_params["final_norm"]["scale"].shape)
     with pytest.raises(Exception):
         checkpoint.save(tmp_path / "broken", broken, tiny_config)
     assert os.listdir(tmp_path) == []
 
 
-def test_wrong_shapes_and_missing_files(saved, tiny_config, tiny_params, tmp_path):
+def test_wrong_shapes_and_missing_files(saved, tiny_config, normal_params, tmp_path):
     with pytest.raises(hf_params.ShapeError, match="embed"):
-        checkpoint.save(tmp_path / "x", tiny_params, tiny_config.replace(vocab_size=300))
+        checkpoint.save(tmp_path / "x", normal_params, tiny_config.replace(vocab_size=300))
     with pytest.raises(FileNotFoundError, match="not a zarya_jax checkpoint"):
         checkpoint.load(tmp_path / "missing")
     # A config that disagrees with the stored arrays is caught on load.
@@ -108,25 +102,25 @@ def test_wrong_shapes_and_missing_files(saved, tiny_config, tiny_params, tmp_pat
         checkpoint.load(copy, verify=False)
 
 
-def test_restore_into_shardings(saved, tiny_params):
+def test_restore_into_shardings(saved, normal_params):
     path, _ = saved
     mesh = jax.make_mesh((8,), ("x",))
 
     def spec(x):  # shard the last axis where it divides, replicate the rest
         return PartitionSpec(*([None] * (x.ndim - 1)), "x") if x.shape[-1] % 8 == 0 else PartitionSpec()
 
-    shardings = jax.tree.map(lambda x: NamedSharding(mesh, spec(x)), tiny_params)
+    shardings = jax.tree.map(lambda x: NamedSharding(mesh, spec(x)), normal_params)
     params, _ = checkpoint.load(path, shardings)
     for (p, x), (_, s) in zip(hf_params.leaves(params), hf_params.leaves(shardings)):
         assert x.sharding == s, p
-    assert_same(params, tiny_params)
+    assert_same(params, normal_params)
     replicated = NamedSharding(mesh, PartitionSpec())
     params, _ = checkpoint.load(path, replicated)
     assert all(x.sharding == replicated for _, x in hf_params.leaves(params))
-    assert_same(params, tiny_params)
+    assert_same(params, normal_params)
 
 
-def test_load_straight_onto_a_mesh(saved, tiny_params):
+def test_load_straight_onto_a_mesh(saved, normal_params):
     """`load(mesh=)` reads every param into the NamedSharding the trainer's rules give it (no device holds
     the model whole first): the same shardings as `train.sharding.tree_shardings`, the same values as the
     single-device load."""
@@ -135,7 +129,7 @@ def test_load_straight_onto_a_mesh(saved, tiny_params):
     path, _ = saved
     mesh = shd.make_mesh(shd.MeshConfig(data=1, fsdp=4, tensor=2))
     assert mesh.size == 8
-    want = shd.tree_shardings(tiny_params, mesh)
+    want = shd.tree_shardings(normal_params, mesh)
     params, _ = checkpoint.load(path, mesh=mesh)
     for (p, x), (_, s) in zip(hf_params.leaves(params), hf_params.leaves(want)):
         assert isinstance(x.sharding, NamedSharding) and x.sharding == s, p

@@ -392,18 +392,19 @@ def test_missing_mask_token_errors_name_the_remedy(ckpt):
         "drafter objective": lambda: drafter_objective(config, mask_noise, DrafterConfig()),
         "dcd objective": lambda: dcd_objective(config, mask_noise, DrafterConfig(), DcdConfig(), 10),
         "mask noise": lambda: noise_tokens(jax.random.PRNGKey(0), (2,), config.vocab_size, None, "mask"),
-        "mask-noise adapter": lambda: spec.check(config, GenerationConfig(mode="spec", drafter="lora"), {}, mask_noise),
+        "mask-noise adapter": lambda: spec.check(config, GenerationConfig(mode="spec-lora"), {}, mask_noise),
         "evaluate": lambda: check_mask_token({"mdm": GenerationConfig(mode="mdm")}, config, str(ckpt)),
         **{f"mode {mode}": (lambda mode=mode: GenerationConfig(mode=mode).validate(config))
            for mode in ("mdm", "slotted")},
-        "self drafter": lambda: GenerationConfig(mode="spec", drafter="self").validate(config),
+        "self drafter": lambda: GenerationConfig(mode="spec-self").validate(config),
+        "self drafter, fused": lambda: GenerationConfig(mode="spec-self-fused").validate(config),
     }
     for what, refuse in refusals.items():
         with pytest.raises(ValueError, match="mask_token_id is None") as e:
             refuse()
         assert remedy in str(e.value), what
     # decoders that read no mask token pass
-    for gen in (GenerationConfig(mode="ar"), GenerationConfig(mode="spec", drafter="lora")):
+    for gen in (GenerationConfig(mode="ar"), GenerationConfig(mode="spec-lora")):
         assert not gen.needs_mask_token
         gen.validate(config)
     check_mask_token({"ar": GenerationConfig(mode="ar")}, config, str(ckpt))

@@ -206,19 +206,20 @@ def test_a_tv_run_continues_with_dcd_teacher_from_its_last_params(base_and_data,
 
 
 def test_experiment_drafter_section_reaches_the_drafter_run():
-    """`drafter.objective`, `drafter.dcd.*` and `drafter.layers` of an experiment config (a sweep's "with and
-    without DCD", "LoRA on the top half") become the drafter run's sections."""
+    """`drafter.objective.objective`, `drafter.dcd.*` and `drafter.lora.layers` of an experiment config (a
+    sweep's "with and without DCD", "LoRA on the top half") become the drafter run's sections."""
     import types
 
     from zarya_jax import overrides as ov
     from zarya_jax.experiment import config as exp_config
     from zarya_jax.experiment import stages
     cfg = exp_config.default_config()
-    cfg = dataclasses.replace(cfg, drafter=ov.build(exp_config.DrafterSection, {
-        "objective": "dcd", "dcd": {"passes": 3, "refresh_every": 7, "divergence": "tv"}, "layers": "top"}, "drafter."))
+    cfg = dataclasses.replace(cfg, drafter=ov.build(exp_config.DrafterRun, {
+        "objective": {"objective": "dcd"}, "dcd": {"passes": 3, "refresh_every": 7, "divergence": "tv"},
+        "lora": {"layers": "top"}}, "drafter."))
     base = types.SimpleNamespace(tokenizer_spec="byte", prompt_format=PromptFormat())
-    run = stages.drafter_config(cfg, base, "train.jsonl")
+    run = stages.drafter_config(cfg.drafter, cfg.trainer, base, "train.jsonl")
     assert run.drafter.objective == "dcd" and run.lora.layers == "top"
     assert (run.dcd.passes, run.dcd.refresh_every, run.dcd.divergence) == (3, 7, "tv")
     with pytest.raises(ConfigError, match="drafter.dcd.passes=1|dcd.passes=1"):
-        ov.build(exp_config.DrafterSection, {"dcd": {"passes": 1}}, "drafter.")
+        ov.build(exp_config.DrafterRun, {"dcd": {"passes": 1}}, "drafter.")

@@ -15,7 +15,6 @@ from zarya_jax.config import LoraConfig, ModelConfig
 from zarya_jax.nn import kv_cache
 from zarya_jax.nn import lora as lora_lib
 from zarya_jax.nn import model as model_lib
-from zarya_jax.sampling import ar, fused, slotted, spec
 from zarya_jax.sampling.config import GenerationConfig
 
 
@@ -23,12 +22,6 @@ CONFIG = ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num
                      num_kv_heads=8, head_dim=128, max_position_embeddings=16384, dtype="bfloat16",
                      param_dtype="bfloat16", mask_token_id=511, eos_token_id=510, attention="dense")
 BATCH, PROMPT, NEW = 4, 128, 8192
-MODES = {"ar": (ar.DECODER, dict(mode="ar")),
-         "spec_self": (spec.DECODER, dict(mode="spec", drafter="self")),
-         "spec_lora": (spec.DECODER, dict(mode="spec", drafter="lora")),
-         "fused_self": (fused.DECODER, dict(mode="spec", drafter="self", fused=True)),
-         "fused_lora": (fused.DECODER, dict(mode="spec", drafter="lora", fused=True)),
-         "slotted": (slotted.DECODER, dict(mode="slotted"))}
 
 
 @functools.cache
@@ -39,23 +32,23 @@ def compiled(mode: str):
     device = target.devices("tpu:v5e:2x2")[0]
     on = jax.sharding.SingleDeviceSharding(device)
     abstract = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on), tree)  # noqa: E731
-    decoder, knobs = MODES[mode]
-    gcfg = GenerationConfig(max_new_tokens=NEW, prompt_bucket=PROMPT, **knobs)
-    dyn = abstract((decoder.knobs or slotted.Knobs.of)(gcfg))
+    gcfg = GenerationConfig(mode=mode, max_new_tokens=NEW, prompt_bucket=PROMPT)
+    decoder = gcfg.mode.decoder
+    knobs = abstract(gcfg.mode.arrays())
     extra = {}
-    if decoder.uses_adapter and gcfg.drafter == "lora":
+    if decoder.uses_adapter and gcfg.mode.drafter == "lora":
         lora = LoraConfig()
         extra = {"lora": lora, "lora_params": abstract(jax.eval_shape(
             lambda k: lora_lib.init_lora(CONFIG, lora, k), jax.random.PRNGKey(0)))}
     params = abstract(jax.eval_shape(lambda k: model_lib.init_params(CONFIG, k), jax.random.PRNGKey(0)))
 
-    def run(params, lora_params, tokens, lengths, key, dyn):
+    def run(params, lora_params, tokens, lengths, key, knobs):
         kw = dict(extra, lora_params=lora_params) if extra else {}
-        return decoder.run(params, tokens, lengths, key, config=CONFIG, gcfg=gcfg, dyn=dyn, **kw)
+        return decoder.run(params, tokens, lengths, key, config=CONFIG, gcfg=gcfg, knobs=knobs, **kw)
 
     return jax.jit(run).lower(
         params, extra.get("lora_params"), jax.ShapeDtypeStruct((BATCH, PROMPT), jnp.int32, sharding=on),
-        jax.ShapeDtypeStruct((BATCH,), jnp.int32, sharding=on), abstract(jax.random.PRNGKey(0)), dyn).compile()
+        jax.ShapeDtypeStruct((BATCH,), jnp.int32, sharding=on), abstract(jax.random.PRNGKey(0)), knobs).compile()
 
 
 def temporaries(mode: str) -> int:
@@ -67,7 +60,7 @@ def test_the_cache_dominates():
     assert cache <= temporaries("ar") <= 2 * cache  # the cache, the prefill's activations, one pass's
 
 
-@pytest.mark.parametrize("mode", ["ar", "slotted", "spec_self", "fused_lora"])
+@pytest.mark.parametrize("mode", ["ar", "slotted", "spec-self", "spec-lora-fused"])
 def test_prefill_projects_only_the_rows_it_keeps(mode):
     assert f"f32[{BATCH},{PROMPT},{CONFIG.vocab_size}]" not in compiled(mode).as_text()
 
@@ -79,8 +72,8 @@ def test_mode_b_window_is_bounded():
     assert f",{NEW // 2},{CONFIG.vocab_size}]" not in hlo
 
 
-@pytest.mark.parametrize("mode,bound", [("spec_self", 1.3), ("spec_lora", 1.3), ("fused_self", 1.3),
-                                        ("fused_lora", 1.3), ("slotted", 2.5)])
+@pytest.mark.parametrize("mode,bound", [("spec-self", 1.3), ("spec-lora", 1.3), ("spec-self-fused", 1.3),
+                                        ("spec-lora-fused", 1.3), ("slotted", 2.5)])
 def test_the_cache_is_held_once(mode, bound):
     """Every decoder holds the cache once, as AR does: Ψ-Spec and fused within 1.3× of AR's temporaries
     (their multi-row windows read a head-major cache with no relayout copy, `kv_cache`); mode B adds its

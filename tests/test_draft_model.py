@@ -19,11 +19,11 @@ from zarya_jax.eval import tasks
 from zarya_jax.inference import load_for_inference
 from zarya_jax.model import forward, init_params
 from zarya_jax.objectives.distill import DistillConfig, distill_loss
-from zarya_jax.testing import batch_of, synthetic_tokens, tiny_config
+from zarya_jax.testing import TINY, batch_of, synthetic_tokens
 from zarya_jax.train import draft_model as draft_run
 
-QUICKSTART_BASE = tiny_config(hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4, num_kv_heads=2,
-                              head_dim=32)
+QUICKSTART_BASE = TINY.replace(hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4, num_kv_heads=2,
+                               head_dim=32)
 
 
 def _count(params) -> int:
@@ -55,8 +55,8 @@ def test_distill_loss_is_the_total_variation_to_the_teacher():
     """On a batch whose answer is its second half: the mean over answer-predicting rows of Σ|q − p| (the
     mask token removed from both softmaxes), computed in NumPy from the two models' logits; zero for a
     student equal to the teacher."""
-    teacher_cfg = tiny_config()
-    student_cfg = tiny_config(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1)
+    teacher_cfg = TINY
+    student_cfg = TINY.replace(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1)
     teacher = init_params(teacher_cfg, jax.random.PRNGKey(1))
     student = init_params(student_cfg, jax.random.PRNGKey(2))
     batch = batch_of(synthetic_tokens(np.random.default_rng(0), 3, 12))
@@ -88,7 +88,7 @@ def test_distill_loss_is_the_total_variation_to_the_teacher():
 def base_and_data(tmp_path_factory):
     root = tmp_path_factory.mktemp("draft")
     ckpt = str(root / "base")
-    checkpoint.save(ckpt, init_params(tiny_config(), jax.random.PRNGKey(0)), tiny_config())
+    checkpoint.save(ckpt, init_params(TINY, jax.random.PRNGKey(0)), TINY)
     tasks.write_jsonl(str(root / "train.jsonl"), tasks.generate(32, seed=0))
     tasks.write_jsonl(str(root / "test.jsonl"), tasks.generate(3, seed=1))
     return root, ckpt
@@ -108,7 +108,7 @@ def test_trained_draft_model_decodes_losslessly(base_and_data, loss):
     assert train_cli.main(["--base", base, "--workdir", work, "--params-ratio", "3", "--lora-rank", "4",
                            "--set", f"draft.loss={loss}", "--set", f"data.train={root / 'train.jsonl'}"] + COMMON) == 0
     settings = json.load(open(os.path.join(work, "draft_model.json")))
-    budget = 3 * draft_run.lora_budget(tiny_config(), LoraConfig(rank=4))
+    budget = 3 * draft_run.lora_budget(TINY, LoraConfig(rank=4))
     assert settings["draft"]["loss"] == loss and settings["params"] <= budget
     model = load_for_inference(base, draft=os.path.join(work, "final"))
     assert model.draft_config.num_params() == settings["params"] and model.draft_config.vocab_size == 264
@@ -127,7 +127,8 @@ def test_trained_draft_model_decodes_losslessly(base_and_data, loss):
 def test_bad_draft_inputs_exit_2(base_and_data, tmp_path, capsys):
     root, base = base_and_data
     other = str(tmp_path / "other")
-    checkpoint.save(other, init_params(tiny_config(vocab_size=300), jax.random.PRNGKey(0)), tiny_config(vocab_size=300))
+    wider = TINY.replace(vocab_size=300)
+    checkpoint.save(other, init_params(wider, jax.random.PRNGKey(0)), wider)
     data = str(root / "test.jsonl")
     cases = [
         (evaluate_cli, ["--ckpt", base, "--data", data, "--modes", "spec-model", "--out", str(tmp_path / "e")],
@@ -152,7 +153,7 @@ def test_quickstart_with_a_draft_model_row(base_and_data, tmp_path):
     _, base = base_and_data
     out = str(tmp_path / "qs")
     assert quickstart.main(["--smoke", "--workdir", out, "--ckpt", base, "--modes", "ar,spec-model", "--no-progress",
-                            "--set", "eval.batch1_examples=0", "--set", "draft_model.loss=ntp"]) == 0
+                            "--set", "eval.batch1_examples=0", "--set", "draft_model.objective.loss=ntp"]) == 0
     report = json.load(open(os.path.join(out, "report.json")))
     assert [m["mode"] for m in report["modes"]] == ["ar", "spec-model"]
     row = report["modes"][1]  # F = 4 (the smoke grid): 0 … 4 drafts kept per cycle, one rate per draft

@@ -1,8 +1,13 @@
 """Answer extraction and exact-match scoring, mode and knob parsing, the summary table (the evaluate pipeline
 end to end runs in test_quickstart, its outputs and progress in test_evaluate_outputs)."""
+import dataclasses
+
 import pytest
 
+from zarya_jax import overrides as ov
 from zarya_jax.eval import answers, evaluate
+from zarya_jax.eval.results import ModeResult
+from zarya_jax.sampling import GenerationConfig, modes
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -46,30 +51,61 @@ def test_is_correct():
 
 def test_mode_and_knob_parsing():
     assert evaluate.parse_modes("ar, slotted,spec-self") == ["ar", "slotted", "spec-self"]
+    assert evaluate.MODES == tuple(modes.MODES)  # one list of names: the registry's
     with pytest.raises(ValueError, match=r"unknown mode\(s\) \['beam'\]"):
         evaluate.parse_modes("ar,beam")
-    knobs = evaluate.parse_knobs(["slotted.slot_size=4", "temperature=0.5", "spec-self.drafter=self"])
-    assert knobs == {"slotted": {"slot_size": 4}, "*": {"temperature": 0.5}, "spec-self": {"drafter": "self"}}
-    with pytest.raises(ValueError, match="expected \\[MODE.\\]FIELD=VALUE"):
+    knobs = evaluate.parse_knobs(["slotted.slot_size=4", "*.temperature=0.5", "top_p=0.9", "spec-self.draft_length=3",
+                                  "spec-self.temperature=1"])
+    assert knobs == {"slotted": {"slot_size": 4}, "*": {"temperature": 0.5, "top_p": 0.9},
+                     "spec-self": {"draft_length": 3, "temperature": 1.0}}
+    with pytest.raises(ValueError, match="expected MODE.FIELD=VALUE"):
         evaluate.parse_knobs(["slot_size"])
     with pytest.raises(ValueError, match="unknown mode 'beam'"):
         evaluate.parse_knobs(["beam.width=3"])
-    # knobs are typed against GenerationConfig: a typo names the closest fields, a bad value its type
-    with pytest.raises(ValueError, match=r"unknown GenerationConfig field 'slot_sise'; did you mean \['slot_size'"):
+    # knobs are typed from the mode's dataclass: a field it does not have names its fields, a bad value its type
+    with pytest.raises(ValueError, match=r"knob slotted.slot_sise: mode 'slotted' has no field 'slot_sise' "
+                                         r"\(did you mean \['slot_size'.*its fields are \['slot_size', "):
         evaluate.parse_knobs(["slotted.slot_sise=4"])
+    with pytest.raises(ValueError, match=r"knob ar.slot_size: mode 'ar' has no field 'slot_size'; its fields are \[\]"):
+        evaluate.parse_knobs(["ar.slot_size=4"])
+    with pytest.raises(ValueError, match=r"knob \*.slot_size: not a shared sampling field; it is a field of mode\(s\) "
+                                         r"\['slotted'\]"):
+        evaluate.parse_knobs(["slot_size=4"])
     with pytest.raises(ValueError, match="slotted.slot_size='four': expected an integer"):
         evaluate.parse_knobs(["slotted.slot_size=four"])
-    assert evaluate.generation_config("slotted", 16, evaluate.parse_knobs(["slot_size=2", "slotted.slot_size=4"])) \
-        == evaluate.GenerationConfig(mode="slotted", max_new_tokens=16, temperature=0.0, slot_size=4)
+    with pytest.raises(ValueError, match="has no field 'mode'"):  # the mode is chosen, never a knob
+        evaluate.parse_knobs(["ar.mode=mdm"])
+    gc = evaluate.generation_config("slotted", 16, evaluate.parse_knobs(["*.top_k=2", "slotted.slot_size=4"]))
+    assert gc == GenerationConfig(mode=modes.mode("slotted", slot_size=4), max_new_tokens=16, temperature=0.0, top_k=2)
+    with pytest.raises(ValueError, match="knobs for unknown mode"):
+        evaluate.check_mode_knobs(["ar"], {"beam": {"width": 3}})
+    with pytest.raises(ValueError, match=r"knobs.slotted.slot_size=0: expected an integer ≥ 1"):
+        evaluate.EvalConfig(modes=("slotted",), knobs=evaluate.mode_knobs({"slotted": {"slot_size": 0}}))
+
+
+def test_every_mode_field_is_a_knob_everywhere():
+    """A mode's fields reach `--knob`, `eval.knobs` and the `--help` listing from the registry alone: no list
+    of fields outside the mode's own file."""
+    rows = {k: (t, d) for k, t, d in ov.keys(evaluate.EvalConfig)}
+    for name, cls in modes.MODES.items():
+        for f in dataclasses.fields(cls):
+            value = f.default
+            knobs = evaluate.parse_knobs([f"{name}.{f.name}={value}"])
+            assert evaluate.generation_config(name, 64, knobs).mode == cls()  # typed: the default, parsed back
+            assert getattr(ov.apply(evaluate.EvalConfig(), {f"knobs.{name}.{f.name}": value}).knobs.as_dict()[name],
+                           "get")(f.name) == value
+        assert rows[f"knobs.{name}.FIELD"][1] == "-"
+    assert set(evaluate.ModeKnobs().as_dict()) == set(modes.MODES)
 
 
 def test_summary_table_shows_compile_time():
     """The printed summary carries each mode's compile seconds (at batch 1 too), not only summary.json."""
-    row = {"mode": "ar", "label": "AR", "accuracy": 0.5, "tokens_per_forward": 1.0, "tokens_per_s": 10.0,
-           "batch_size": 8, "speedup_vs_ar": 1.0}
-    table = evaluate.summary_markdown([{**row, "compile_s": 12.34}])
+    row = ModeResult(mode="ar", label="AR", examples=2, accuracy=0.5, tokens_per_forward=1.0, tokens_per_s=10.0,
+                     generated_tokens=20, wall_s=2.0, compile_s=None, batch_size=8, generation_config={},
+                     speedup_vs_ar=1.0)
+    table = evaluate.summary_markdown([dataclasses.replace(row, compile_s=12.34)])
     assert table.splitlines()[0].endswith("| compile s |") and table.splitlines()[2].endswith("| 12.3 |")
-    both = evaluate.summary_markdown([{**row, "compile_s": 12.34, "tokens_per_s_batch1": 3.0,
-                                       "speedup_vs_ar_batch1": 1.0, "compile_s_batch1": 2.0}])
+    both = evaluate.summary_markdown([dataclasses.replace(row, compile_s=12.34, tokens_per_s_batch1=3.0,
+                                                          speedup_vs_ar_batch1=1.0, compile_s_batch1=2.0)])
     assert both.splitlines()[2].endswith("| 12.3 + 2.0 |")
     assert "compile s" not in evaluate.summary_markdown([row])

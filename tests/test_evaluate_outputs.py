@@ -13,6 +13,7 @@ from zarya_jax import checkpoint
 from zarya_jax.data.tokenizer import ByteTokenizer
 from zarya_jax.eval import identity, tasks
 from zarya_jax.eval.evaluate import write_outputs
+from zarya_jax.eval.results import ModeResult, Prediction
 
 
 @pytest.fixture(scope="module")
@@ -105,16 +106,23 @@ def test_an_out_holding_another_evaluation_is_refused_unless_forced(inputs, tmp_
 def test_writes_are_atomic(tmp_path):
     """An error while writing (here a value JSON cannot hold) leaves no new directory, and an existing
     evaluation as it was."""
-    rows = [{"mode": "ar", "label": "AR", "accuracy": 1.0, "tokens_per_forward": 1.0, "tokens_per_s": 1.0,
-             "batch_size": 1}]
+    rows = [ModeResult(mode="ar", label="AR", examples=1, accuracy=1.0, tokens_per_forward=1.0, tokens_per_s=1.0,
+                       generated_tokens=1, wall_s=1.0, compile_s=0.5, batch_size=1, generation_config={})]
+
+    def predictions(index):
+        return [Prediction(index=index, mode="ar", prompt="1+1=", reference="2", prompt_ids=[1], output="2",
+                           output_ids=[2], prediction="2", gold="2", correct=True, num_tokens=1, forward_passes=1)]
+
     new = tmp_path / "new"
     with pytest.raises(TypeError):
-        write_outputs(str(new), rows, [{"index": 0}], {"bad": object()})
+        write_outputs(str(new), rows, predictions(0), {"bad": object()})
     assert os.listdir(tmp_path) == []
-    write_outputs(str(new), rows, [{"index": 0}], {"evaluation": {"id": "a"}})
+    write_outputs(str(new), rows, predictions(0), {"evaluation": {"id": "a"}})
     before = tree(str(new))
+    assert [ModeResult.from_json(r) for r in json.loads(before["summary.json"])["modes"]] == rows
+    assert [Prediction.from_json(json.loads(line)) for line in before["predictions.jsonl"].splitlines()] == predictions(0)
     with pytest.raises(TypeError):
-        write_outputs(str(new), rows, [{"index": 1}], {"bad": object()})
+        write_outputs(str(new), rows, predictions(1), {"bad": object()})
     assert tree(str(new)) == before and os.listdir(tmp_path) == ["new"]
 
 

@@ -21,9 +21,9 @@ import pytest
 
 from experiments import cli, generate
 from experiments import train as train_cli
-from experiments.pipeline import TrainingInterrupted
 from zarya_jax import checkpoint, lock
 from zarya_jax.data.tokenizer import ByteTokenizer
+from zarya_jax.experiment import TrainingInterrupted
 from zarya_jax.eval import tasks
 from zarya_jax.files import OutputPathError, atomic_directory, atomic_write_json, check_output
 from zarya_jax.nn import integrity

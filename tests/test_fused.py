@@ -12,7 +12,7 @@ from zarya_jax import lora as lora_lib
 from zarya_jax.config import LoraConfig
 from zarya_jax.nn import model as model_lib
 from zarya_jax.nn import kv_cache, masks
-from zarya_jax.sampling import GenerationConfig, generate, pad_prompts
+from zarya_jax.sampling import GenerationConfig, generate, mode, pad_prompts
 from zarya_jax.sampling import fused, passes
 from zarya_jax.testing import UNO_CONFIG as CFG, UNO_LORA as LORA
 from zarya_jax.testing import uno_adapters as adapters
@@ -23,8 +23,8 @@ def test_window_layout():
     """K = 2: the verify block [y, d1, d2] at n−1 … n+1, then block m at n+m … n+m+2 seeing y … d_m."""
     offsets, mask = fused.window_layout(2)
     np.testing.assert_array_equal(offsets, [-1, 0, 1, 0, 1, 2, 1, 2, 3, 2, 3, 4])
-    assert mask.shape == (12, 12) and fused.window_rows(GenerationConfig(drafter="self", draft_length=2)) == 12
-    assert passes.window_rows(GenerationConfig(mode="spec", drafter="self", fused=True, draft_length=4)) == 30
+    assert mask.shape == (12, 12) and fused.window_rows(GenerationConfig(mode=fused.FusedSelf(draft_length=2))) == 12
+    assert passes.window_rows(GenerationConfig(mode=fused.FusedSelf(draft_length=4))) == 30
     np.testing.assert_array_equal(mask[:3, :3], np.tril(np.ones((3, 3), bool)))
     assert not mask[:3, 3:].any()  # the verify rows see no scenario row: they are the AR rows
     for m in range(3):
@@ -38,7 +38,7 @@ def test_window_layout_lora():
     """K = 2, LoRA: blocks of K noise rows, block m at n+m … n+m+1 (the two-pass window with seed d_m)."""
     offsets, mask = fused.window_layout(2, "lora")
     np.testing.assert_array_equal(offsets, [-1, 0, 1, 0, 1, 1, 2, 2, 3])
-    gc = GenerationConfig(mode="spec", drafter="lora", fused=True, draft_length=2)
+    gc = GenerationConfig(mode=fused.FusedLora(draft_length=2))
     assert mask.shape == (9, 9) and fused.window_rows(gc) == 9 == passes.window_rows(gc)
     np.testing.assert_array_equal(mask[:3, :3], np.tril(np.ones((3, 3), bool)))
     assert not mask[:3, 3:].any()
@@ -64,7 +64,7 @@ def test_greedy_identical_to_ar(model, drafter, k):
         eos = int(generate(params, CFG, prompts, base.replace(stop_at_eos=False), jax.random.PRNGKey(0)).tokens[0, 3])
         base = base.replace(eos_token_id=eos)
     ref = generate(params, CFG, prompts, base, jax.random.PRNGKey(0))
-    out = generate(params, CFG, prompts, base.replace(mode="spec", drafter=drafter, fused=True, draft_length=k),
+    out = generate(params, CFG, prompts, base.replace(mode=mode(f"spec-{drafter}-fused", draft_length=k)),
                    jax.random.PRNGKey(1), **adapter)
     np.testing.assert_array_equal(out.lengths, ref.lengths)
     np.testing.assert_array_equal(out.tokens, ref.tokens)
@@ -83,7 +83,7 @@ def test_greedy_identical_to_ar(model, drafter, k):
 @pytest.mark.parametrize("drafter,rows", [("self", [6, 12]), ("lora", [5, 9])])
 def test_one_forward_per_cycle(monkeypatch, drafter, rows):
     """The program calls the model twice: the prefill (which drafts the first cycle) and once in the loop body."""
-    gc = GenerationConfig(mode="spec", drafter=drafter, fused=True, draft_length=2, max_new_tokens=5)
+    gc = GenerationConfig(mode=mode(f"spec-{drafter}-fused", draft_length=2), max_new_tokens=5)
     lp, lora = (adapters()[0], LORA) if drafter == "lora" else (None, None)
     args = (random_model(), lp, jnp.ones((2, 4), jnp.int32), jnp.asarray([4, 2]), jax.random.PRNGKey(0), jnp.int32(5))
     calls = []
@@ -109,7 +109,7 @@ def test_cache_and_drafts_after_each_cycle_equal_a_recompute(drafter, temperatur
     k, budget = 3, 24
     lp, lora = (adapters()[1], dataclasses.replace(LORA, noise="mask")) if drafter == "lora" else (None, None)
     blk = fused.block_rows(k, drafter)
-    gc = GenerationConfig(mode="spec", drafter=drafter, fused=True, draft_length=k, max_new_tokens=budget,
+    gc = GenerationConfig(mode=mode(f"spec-{drafter}-fused", draft_length=k), max_new_tokens=budget,
                           temperature=temperature, stop_at_eos=False)
     tokens, lengths = pad_prompts(prompts, gc.prompt_bucket, CFG.pad_token_id)
     width = tokens.shape[1] + budget + k + 1
@@ -179,8 +179,8 @@ def test_first_three_tokens_joint_distribution(drafter, top_k):
     exact = p1[:, None, None] * p2[:, :, None] * p3
 
     n = 60_000
-    gc = GenerationConfig(mode="spec", drafter=drafter, fused=True, max_new_tokens=3, temperature=1.0, top_k=top_k,
-                          draft_length=2)
+    gc = GenerationConfig(mode=mode(f"spec-{drafter}-fused", draft_length=2), max_new_tokens=3, temperature=1.0,
+                          top_k=top_k)
     raw = fused.fused_decode(params, lp, jnp.broadcast_to(jnp.asarray(prompt, jnp.int32), (n, len(prompt))),
                              jnp.full((n,), len(prompt), jnp.int32), jax.random.PRNGKey(13), jnp.int32(3),
                              config=SMALL, gcfg=gc, lora=lora)
@@ -195,33 +195,20 @@ def test_first_three_tokens_joint_distribution(drafter, top_k):
     assert 0.0 < float(raw["accepted_sum"]) / n < 2.0 * 3
 
 
-def test_fused_needs_spec_with_the_self_or_lora_drafter():
-    for gc in (GenerationConfig(mode="spec", drafter="model", fused=True), GenerationConfig(mode="ar", fused=True)):
-        with pytest.raises(ValueError, match="fused=True"):
-            gc.validate(CFG)
-    with pytest.raises(ValueError, match="fused"):
-        GenerationConfig(mode="spec", drafter="self", fused=1).validate(CFG)
-    with pytest.raises(ValueError, match="draft_passes=2"):
-        GenerationConfig(mode="spec", drafter="lora", fused=True, draft_passes=2).validate(CFG)
-    GenerationConfig(mode="spec", drafter="lora", fused=True).validate(CFG)
-    with pytest.raises(ValueError, match="adapter"):  # the LoRA drafter's adapter is checked as two-pass's is
-        generate(random_model(), CFG, [[1, 2]], GenerationConfig(mode="spec", drafter="lora", fused=True),
-                 jax.random.PRNGKey(0))
-
-
-def test_fused_evaluation_modes():
-    """spec-self-fused / spec-lora-fused: their own frontier points (K from `fused_draft_lengths`) and
-    GenerationConfigs; `fused` chooses the sampler, so it is no evaluation knob."""
-    from zarya_jax.config import ConfigError
-    from zarya_jax.eval import evaluate, frontier
-    fc = frontier.FrontierConfig(draft_lengths=(2, 4), fused_draft_lengths=(3,))
-    points = frontier.grid_points(fc, ["spec-self", "spec-self-fused", "spec-lora-fused"], 16)
-    assert points == [("spec-self", {"draft_length": 2}), ("spec-self", {"draft_length": 4}),
-                      ("spec-self-fused", {"draft_length": 3}), ("spec-lora-fused", {"draft_length": 3})]
-    assert frontier.describe(*points[2]) == "K=3" and frontier.describe(*points[0]) == "F=2"
-    for mode, drafter in (("spec-self-fused", "self"), ("spec-lora-fused", "lora")):
-        gc = evaluate.generation_config(mode, 16, {mode: {"draft_length": 3}})
-        assert gc.fused and gc.drafter == drafter and gc.draft_length == 3
+def test_fused_modes_have_their_own_knobs():
+    """The fused modes are modes of their own ("spec-self-fused", "spec-lora-fused"), whose one knob is K:
+    a knob of two-pass speculation is refused naming the mode's fields; the LoRA drafter's adapter is
+    checked as two-pass's is."""
+    for name, cls in (("spec-self-fused", fused.FusedSelf), ("spec-lora-fused", fused.FusedLora)):
+        gc = GenerationConfig(mode=name).with_knobs(draft_length=3)
+        assert gc.mode == cls(draft_length=3) and gc.mode.lossless and gc.mode.short() == "K=3"
         gc.validate(CFG)
-    with pytest.raises(ConfigError, match="chooses the sampler"):
-        evaluate.generation_config("spec-self", 16, {"spec-self": {"fused": True}})
+        for knob in ("draft_passes", "draft_when_active_below", "fused", "drafter"):
+            with pytest.raises(ValueError, match=rf"not a field of mode '{name}' \(\['draft_length'\]\)"):
+                gc.with_knobs(**{knob: 2})
+        with pytest.raises(ValueError, match=f"knobs.{name}.draft_length=0: expected an integer ≥ 1"):
+            gc.with_knobs(draft_length=0).validate(CFG)
+    assert GenerationConfig(mode="spec-self-fused").needs_mask_token
+    assert not GenerationConfig(mode="spec-lora-fused").needs_mask_token
+    with pytest.raises(ValueError, match="mode 'spec-lora-fused' needs the adapter"):
+        generate(random_model(), CFG, [[1, 2]], GenerationConfig(mode="spec-lora-fused"), jax.random.PRNGKey(0))

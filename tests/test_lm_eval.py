@@ -17,7 +17,7 @@ from zarya_jax.config import PromptFormat
 from zarya_jax.data.tokenizer import ByteTokenizer
 from zarya_jax.eval.harness import ZaryaLM
 from zarya_jax.model import forward, init_params
-from zarya_jax.sampling import GenerationConfig, generate
+from zarya_jax.sampling import GenerationConfig, generate, modes
 from zarya_jax.testing import TINY
 
 TEMPLATE = "Q: {prompt}\nA:"
@@ -86,11 +86,15 @@ def test_generate_until_is_generate_in_the_mode(setup, mode, knobs):
     kwargs = {"until": ["\n"], "max_gen_toks": 8, "do_sample": False}
     got = lm.generate_until([Instance("generate_until", {}, (r["question"], dict(kwargs)), i)
                              for i, r in enumerate(GEN[:3])])
-    gc = GenerationConfig(mode=mode, max_new_tokens=8, temperature=0.0, **knobs)
+    gc = GenerationConfig(mode=modes.mode(mode, **knobs), max_new_tokens=8, temperature=0.0)
     for r, text in zip(GEN[:3], got):
-        out = generate(setup["params"], TINY, [prompt(r["question"])] * 2, gc, jax.random.PRNGKey(0))
-        full = TOK.decode(np.asarray(out.tokens)[0, :int(out.lengths[0])].tolist())
-        assert text == full.split("\n")[0]
+        assert text == decode(setup["params"], r["question"], gc).split("\n")[0]
+
+
+def decode(params, question: str, gc) -> str:
+    """The text `generate()` decodes for one question (in a batch of two copies, as the harness pads)."""
+    out = generate(params, TINY, [prompt(question)] * 2, gc, jax.random.PRNGKey(0))
+    return TOK.decode(np.asarray(out.tokens)[0, :int(out.lengths[0])].tolist())
 
 
 def test_lm_eval_command_line_on_local_tasks(setup, tmp_path, capsys):
@@ -103,12 +107,19 @@ def test_lm_eval_command_line_on_local_tasks(setup, tmp_path, capsys):
     want = np.mean([int(np.argmax([direct(setup["params"], prompt(r["question"]), TOK.encode(c))[0]
                                    for c in r["choices"]]) == r["label"]) for r in MC])
     assert results["zarya_mc"]["acc,none"] == pytest.approx(want)
-    assert 0.0 <= results["zarya_gen"]["exact_match,none"] <= 1.0
+    # generate_until: each logged response is `generate()` in mode B with the model_args knob, cut at the
+    # task's `until`, and exact_match is their agreement with the targets
     (samples,) = glob.glob(os.path.join(os.path.dirname(results_file), "samples_zarya_gen_*.jsonl"))
-    assert len(open(samples).read().splitlines()) == len(GEN)
+    samples = [json.loads(line) for line in open(samples).read().splitlines()]
+    assert sorted(s["doc"]["question"] for s in samples) == sorted(r["question"] for r in GEN)
+    gc = GenerationConfig(mode=modes.mode("slotted", slot_size=4), max_new_tokens=8, temperature=0.0)
+    texts = {s["doc"]["question"]: decode(setup["params"], s["doc"]["question"], gc).split("\n")[0] for s in samples}
+    assert {s["doc"]["question"]: s["filtered_resps"][0] for s in samples} == texts
+    assert results["zarya_gen"]["exact_match,none"] == pytest.approx(
+        np.mean([texts[r["question"]] == r["answer"] for r in GEN]))
 
     capsys.readouterr()
     assert lm_eval_cli.main(["--model", "zarya", "--model_args", f"ckpt={setup['ckpt']},slot_sise=4",
                              "--tasks", "zarya_mc", "--include_path", str(setup["dir"] / "tasks")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("error: unknown knob '*.slot_sise'; did you mean")
+    assert err[-1].startswith("error: knob ar.slot_sise: mode 'ar' has no field 'slot_sise'")  # the default mode

@@ -19,12 +19,6 @@ LORA = LoraConfig(rank=4, alpha=32.0)
 
 
 @pytest.fixture(scope="module")
-def tiny_params(tiny_config):
-    """Jitted init (the eager, op-by-op init is slow on a busy CPU)."""
-    return jax.jit(model_lib.init_params, static_argnums=0)(tiny_config, jax.random.PRNGKey(0))
-
-
-@pytest.fixture(scope="module")
 def adapter(tiny_config):
     """A non-trivial adapter (b ≠ 0), so the gate visibly changes the output."""
     return perturbed(lora_lib.init_lora(tiny_config, LORA, jax.random.PRNGKey(1)), jax.random.PRNGKey(2))

@@ -11,9 +11,9 @@ import pytest
 from zarya_jax import lora as lora_lib
 from zarya_jax import model as model_lib
 from zarya_jax.config import ConfigError, LoraConfig
-from zarya_jax.testing import tiny_config
+from zarya_jax.testing import TINY
 
-CONFIG = tiny_config(num_layers=4)
+CONFIG = TINY.replace(num_layers=4)
 TOKENS = jax.random.randint(jax.random.PRNGKey(3), (2, 10), 0, 256)
 
 

@@ -7,11 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from conversion import hf_to_jax
-from zarya_jax import checkpoint, model
-from zarya_jax.nn import hf_params, masks
+from zarya_jax.config import ModelConfig
+from zarya_jax.nn import checkpoint, hf_params, masks, model
+from zarya_jax.testing import random_torch_model
 
 FP32_TOL = 1e-4
 # bf16 keeps 8 mantissa bits (relative rounding 2^-9 ≈ 0.2%) in weights and activations. Through two
@@ -26,14 +26,13 @@ forward = jax.jit(model.forward, static_argnums=1)
 
 
 def make_hf_model(seed: int, *, vocab=96, hidden=32, inter=48, layers=2, heads=4, kv_heads=2, head_dim=8,
-                  tie=False, theta=10000.0, eps=1e-6) -> Qwen3ForCausalLM:
-    """A random Qwen3 with O(1) logits: weights ~ N(0, 1/fan_in), norm scales ~ U(0.5, 1.5) (not all ones)."""
-    config = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
-                         tie_word_embeddings=tie, rope_theta=theta, rms_norm_eps=eps, max_position_embeddings=256,
-                         eos_token_id=vocab - 1, attn_implementation="eager")
-    torch.manual_seed(seed)
-    m = Qwen3ForCausalLM(config)
+                  tie=False, theta=10000.0, eps=1e-6):
+    """A random Qwen3 (`testing.random_torch_model`) with O(1) logits: weights re-drawn ~ N(0, 1/fan_in),
+    norm scales ~ U(0.5, 1.5) (not all ones)."""
+    config = ModelConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_layers=layers,
+                         num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, tie_word_embeddings=tie,
+                         rope_theta=theta, rms_norm_eps=eps, max_position_embeddings=256, eos_token_id=vocab - 1)
+    m = random_torch_model(config, seed)
     with torch.no_grad():
         for p in m.parameters():
             if p.ndim == 1:

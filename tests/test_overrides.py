@@ -6,8 +6,8 @@ import pytest
 
 from zarya_jax import overrides as ov
 from zarya_jax.config import ConfigError
-from zarya_jax.eval.evaluate import EvalConfig, Knobs, ModeKnobs
-from zarya_jax.sampling import GenerationConfig
+from zarya_jax.eval.evaluate import EvalConfig, ModeKnobs
+from zarya_jax.sampling import GenerationConfig, Slotted
 from zarya_jax.train import config as rc
 
 
@@ -53,18 +53,36 @@ def test_bad_overrides_name_the_key(item, match):
 
 def test_sparse_knobs_and_listing():
     knobs = ov.apply(ModeKnobs(), {"spec-self.draft_length": "4", "slotted.slot_threshold": 2})
-    assert knobs.spec_self == Knobs(draft_length=4) and knobs.slotted.slot_threshold == 2.0
-    assert knobs.as_dict() == {"ar": {}, "mdm": {}, "slotted": {"slot_threshold": 2.0}, "spec-self": {"draft_length": 4},
-                               "spec-lora": {}, "spec-model": {}, "spec-self-fused": {}, "spec-lora-fused": {}}
+    assert knobs.spec_self.draft_length == 4 and knobs.slotted.slot_threshold == 2.0
+    assert knobs.as_dict() == {"ar": {}, "mdm": {}, "slotted": {"slot_threshold": 2.0},
+                               "spec-self": {"draft_length": 4}, "spec-lora": {}, "spec-model": {},
+                               "spec-self-fused": {}, "spec-lora-fused": {}}
     assert ov.to_dict(knobs)["spec-self"] == {"draft_length": 4}
-    with pytest.raises(ConfigError, match=r"did you mean \['spec-self.draft_length', "):
+    with pytest.raises(ConfigError, match=r"did you mean \['spec-self.draft_length'"):
         ov.apply(ModeKnobs(), {"spec-self.draft_lenght": 4})
-    # every GenerationConfig field is a knob: one row per mode in the listing
+    # each mode's fields and the shared ones are its knobs: one row per mode in the listing
     rows = {k: (t, d) for k, t, d in ov.keys(EvalConfig, defaults=EvalConfig(knobs=knobs))}
-    assert rows["eval.knobs.spec-self.FIELD".removeprefix("eval.")] == ("GenerationConfig field", {"draft_length": 4})
-    assert {f.name for f in dataclasses.fields(Knobs)} == {f.name for f in dataclasses.fields(GenerationConfig)}
+    assert rows["knobs.spec-self.FIELD"] == ("SpecSelfKnobs field", {"draft_length": 4})
+    shared = {f.name for f in dataclasses.fields(GenerationConfig)} - {"mode"}
+    assert {f.name for f in dataclasses.fields(knobs.slotted)} == {f.name for f in dataclasses.fields(Slotted)} | shared
     with pytest.raises(ConfigError, match="unknown mode"):
         EvalConfig(modes=("ar", "beam"))
+
+
+@dataclasses.dataclass(frozen=True)
+class WithGrid:
+    grid: dict[str, dict[str, list]] = dataclasses.field(default_factory=lambda: {"a": {"x": [1], "y": [2]}})
+
+
+def test_mapping_fields_merge_key_by_key():
+    """A dict-typed field is reached by dotted keys; what is given is merged into its value (new keys last)."""
+    out = ov.apply(WithGrid(), ["grid.a.y=[3,4]", "grid.a.z=[5]", "grid.b.x=[6]"])
+    assert out.grid == {"a": {"x": [1], "y": [3, 4], "z": [5]}, "b": {"x": [6]}}
+    assert list(out.grid["a"]) == ["x", "y", "z"] and ov.get(out, "grid.a.z") == [5]
+    assert ov.build(WithGrid, {"grid": {"a": {"x": [0]}}}).grid == {"a": {"x": [0], "y": [2]}}  # over the default
+    assert [k for k, _, _ in ov.keys(WithGrid)] == ["grid.a.x", "grid.a.y"]
+    with pytest.raises(ConfigError, match="holds a value, not a mapping"):
+        ov.apply(WithGrid(), {"grid.a.x": 1, "grid.a.x.deeper": 1})
 
 
 def test_run_config_round_trip_and_listing():

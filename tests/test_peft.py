@@ -21,9 +21,9 @@ from zarya_jax import checkpoint, lora
 from zarya_jax.config import LoraConfig
 from zarya_jax.model import apply, init_params
 from zarya_jax.nn.integrity import array_checksums
-from zarya_jax.testing import tiny_config
+from zarya_jax.testing import TINY
 
-CONFIG = tiny_config(tie_word_embeddings=False)
+CONFIG = TINY.replace(tie_word_embeddings=False)
 TOKENS = np.random.default_rng(0).integers(0, 256, (2, 12)).astype(np.int32)
 
 

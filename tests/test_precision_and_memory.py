@@ -12,12 +12,12 @@ from zarya_jax.model import forward, init_params
 from zarya_jax.nn import kv_cache
 from zarya_jax.objectives.ar import ar_objective
 from zarya_jax.sampling import GenerationConfig, ar, generate, mdm, passes, slotted, spec
-from zarya_jax.testing import batch_of, synthetic_tokens, tiny_config
+from zarya_jax.testing import TINY, batch_of, synthetic_tokens
 from zarya_jax.train import sharding as shd
 from zarya_jax.train.optim import OptimConfig
 from zarya_jax.train.step import StepCache, build_optimizer, init_state, make_eval_step, make_train_step, state_shardings
 
-CFG = tiny_config(num_layers=1, hidden_size=32, intermediate_size=64)
+CFG = TINY.replace(num_layers=1, hidden_size=32, intermediate_size=64)
 
 
 @pytest.fixture(scope="module")
@@ -103,13 +103,11 @@ def test_decode_pass_donates_its_cache_and_matches_a_full_forward(params, cache_
 def test_every_mode_allocates_its_cache_in_kv_cache_dtype(params):
     """Traced, not compiled: each decoder's program holds a cache of the configured dtype."""
     b, p = 2, 8
-    for mode, decoder in (("ar", ar.run), ("mdm", mdm.run), ("slotted", slotted.run), ("spec", spec.run)):
+    for mode in (ar.AR(), mdm.MDM(), slotted.Slotted(slot_size=4), spec.SpecSelf(draft_length=4)):
         for dtype, want in (("auto", np.dtype("float32")), ("bfloat16", np.dtype(jnp.bfloat16))):
-            gc = GenerationConfig(mode=mode, max_new_tokens=8, slot_size=4, draft_length=4, drafter="self",
-                                  kv_cache_dtype=dtype)
+            gc = GenerationConfig(mode=mode, max_new_tokens=8, kv_cache_dtype=dtype)
             cache_len = passes.cache_rows(gc, p)
-            knobs = {"spec": spec.Knobs, "mdm": mdm.Knobs}.get(mode, slotted.Knobs).of(gc)  # each decoder's traced knobs
-            jaxpr = jax.make_jaxpr(functools.partial(decoder, config=CFG, gcfg=gc, dyn=knobs))(
+            jaxpr = jax.make_jaxpr(functools.partial(mode.decoder.run, config=CFG, gcfg=gc, knobs=mode.arrays()))(
                 params, jnp.zeros((b, p), jnp.int32), jnp.full((b,), p, jnp.int32), jax.random.PRNGKey(0))
             shapes = {(v.aval.shape, v.aval.dtype) for eqn in jaxpr.eqns for v in eqn.outvars}
             cache = jax.eval_shape(lambda: kv_cache.init(CFG, b, cache_len, dtype))
@@ -122,7 +120,7 @@ def test_ar_decode_updates_its_cache_in_place():
     """The compiled AR loop holds its cache once: XLA's temporaries are the cache plus per-layer scratch, not a
     second cache. (When `kv_cache.commit` was a vmapped scatter, a relayout copied the whole cache every step:
     temporaries of 2.6× the cache.) CPU buffer assignment; the loop is the same program on any backend."""
-    cfg, (b, p, g) = tiny_config(), (8, 16, 1024)
+    cfg, (b, p, g) = TINY, (8, 16, 1024)
     gc = GenerationConfig(mode="ar", max_new_tokens=g)
     program = jax.jit(functools.partial(ar.run, config=cfg, gcfg=gc))
     abstract_params = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))

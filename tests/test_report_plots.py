@@ -7,6 +7,7 @@ from matplotlib.text import Text
 
 from zarya_jax.experiment import plots
 from zarya_jax.experiment.report import targets_markdown
+from zarya_jax.experiment.results import Target
 
 LABELS = {"ar": "AR", "mdm": "mode A (MDM)", "slotted": "mode B (slotted)", "spec-self": "spec, self drafter",
           "spec-lora": "spec, LoRA drafter", "spec-self-fused": "spec, self drafter, fused",
@@ -117,24 +118,22 @@ def test_sweep_figure_readable():
 
 
 def test_targets_table_one_unit_per_column():
-    targets = [{"target": "AR exact match ≥ 80% (stretch 90%)", "value": 0.85, "met": True},
-               {"target": "mode B (chosen on validation): ≥ 2.0 tokens per forward", "value": 0.5333, "met": False},
-               {"target": "mode B: accuracy within 3 points of AR", "value": -0.025, "met": True},
-               {"target": "spec, self drafter: outputs identical to AR token for token (lossless)", "value": 0.0,
-                "met": True},
-               {"target": "spec, self drafter, fused: ≥ 1.7× the tokens per forward of spec, self drafter",
-                "value": 1.13, "met": False}]
+    targets = [Target("AR exact match ≥ 80% (stretch 90%)", 0.85, True),
+               Target("mode B (chosen on validation): ≥ 2.0 tokens per forward", 0.5333, False),
+               Target("mode B: accuracy within 3 points of AR", -0.025, True),
+               Target("spec, self drafter: outputs identical to AR token for token (lossless)", 0.0, True),
+               Target("spec, self drafter, fused: ≥ 1.7× the tokens per forward of spec, self drafter", 1.13, False)]
     lines = targets_markdown(targets).splitlines()
     head = [c.strip() for c in lines[0].strip("|").split("|")]
     assert head == ["target", "exact match (%)", "exact match − AR's (points)", "tokens / forward", "gain (×)",
                     "met"]
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
     values = {row[0]: [c for c in row[1:-1]] for row in rows}
-    assert values[targets[0]["target"]] == ["85.0", "–", "–", "–"]
-    assert values[targets[1]["target"]] == ["–", "–", "0.53", "–"]
-    assert values[targets[2]["target"]] == ["–", "-2.5", "–", "–"]
-    assert values[targets[3]["target"]] == ["–", "+0.0", "–", "–"]
-    assert values[targets[4]["target"]] == ["–", "–", "–", "1.13"]
+    assert values[targets[0].target] == ["85.0", "–", "–", "–"]
+    assert values[targets[1].target] == ["–", "–", "0.53", "–"]
+    assert values[targets[2].target] == ["–", "-2.5", "–", "–"]
+    assert values[targets[3].target] == ["–", "+0.0", "–", "–"]
+    assert values[targets[4].target] == ["–", "–", "–", "1.13"]
     assert all(not any(u in c for u in "%×") for row in rows for c in row[1:-1])  # units in the header only
     assert [row[-1] for row in rows] == ["yes", "no", "yes", "yes", "no"]
     only_tpf = targets_markdown(targets[1:2]).splitlines()[0]

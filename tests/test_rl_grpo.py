@@ -1,7 +1,10 @@
-"""GRPO's pure core against slow NumPy versions: group advantages, the loss and its gradient in the
-log-probabilities per aggregation mode, the loss through the model on real rollouts (rollout ratio 1,
-teacher-forced log-probabilities = the sampler's) and its parameter gradient against central
-differences; rewards; bad configs."""
+"""GRPO's pure core against an independent float64 NumPy reference written from the papers
+(DeepSeekMath's GRPO objective, TRL's GRPOTrainer and tunix's grpo_learner: group-normalised advantages,
+per-token importance ratio, clipped surrogate, k3 KL estimator, the three aggregation modes), its
+gradient by central differences; the JAX loss and gradient with respect to the logits match it. Also:
+`clip_fraction` counts exactly the tokens whose clipping removes the gradient, the loss through the
+model on real rollouts (rollout ratio 1, teacher-forced log-probabilities = the sampler's) and its
+parameter gradient against central differences; rewards; bad configs."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,36 +12,68 @@ import pytest
 
 from zarya_jax.config import ConfigError
 from zarya_jax.rl import grpo, rewards
-from zarya_jax.sampling import GenerationConfig, generate
+from zarya_jax.sampling import MDM, GenerationConfig, SpecSelf, generate, primitives
 from zarya_jax.testing import UNO_CONFIG as CFG, uno_random_params, uno_trained_params
 
 
-def numpy_loss(lp, old, ref, adv, mask, eps, beta, mode):
-    """Loop-by-loop GRPO loss and its gradient d loss / d lp (float64)."""
-    n, g = lp.shape
-    per, dper = np.zeros((n, g)), np.zeros((n, g))
-    for i in range(n):
-        for t in range(g):
-            if not mask[i, t]:
-                continue
-            r = np.exp(lp[i, t] - old[i, t])
-            c = min(max(r, 1 - eps), 1 + eps)
-            unclipped, clipped = r * adv[i], c * adv[i]
-            per[i, t] = -min(unclipped, clipped)
-            # the min picks the unclipped term, or the clipped one whose slope is 0 outside the range
-            picks_unclipped = unclipped <= clipped or (1 - eps < r < 1 + eps)
-            dper[i, t] = -adv[i] * r if picks_unclipped else 0.0
-            d = ref[i, t] - lp[i, t]
-            per[i, t] += beta * (np.exp(d) - d - 1)
-            dper[i, t] += beta * (1 - np.exp(d))
-    counts = mask.sum(1)
+# --------------------------------------------------------------------------- the float64 reference
+def reference_advantages(rewards, group: int) -> np.ndarray:
+    """Â_i = (r_i − mean(r_group)) / (std(r_group) + 1e-6), the unbiased std (torch's, as in TRL)."""
+    r = np.asarray(rewards, np.float64).reshape(-1, group)
+    return ((r - r.mean(1, keepdims=True)) / (r.std(1, ddof=1, keepdims=True) + 1e-6)).ravel()
+
+
+def reference_logprobs(logits, tokens, temperature: float) -> np.ndarray:
+    """log softmax(logits / T)[token] in float64."""
+    z = np.asarray(logits, np.float64) / temperature
+    z = z - z.max(-1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    return np.take_along_axis(logp, np.asarray(tokens)[..., None], -1)[..., 0]
+
+
+def reference_loss(lp, old, ref, adv, mask, eps: float, beta: float, mode: str) -> float:
+    """−J(θ): J = the mean over completion tokens (by `mode`) of
+    min(ρ·Â, clip(ρ, 1 − ε, 1 + ε)·Â) − β·D, with ρ = π/π_old and D = π_ref/π − log(π_ref/π) − 1 (k3).
+    token-mean: Σ_i Σ_t / Σ_i |o_i|; sequence-mean-token-mean: (1/G) Σ_i (1/|o_i|) Σ_t (the paper's eq. 3);
+    sequence-mean-token-sum: (1/G) Σ_i Σ_t."""
+    lp, old, ref = (np.asarray(x, np.float64) for x in (lp, old, ref))
+    m = np.asarray(mask, np.float64)
+    a = np.asarray(adv, np.float64)[:, None]
+    rho = np.exp(lp - old)
+    surrogate = np.minimum(rho * a, np.clip(rho, 1 - eps, 1 + eps) * a)
+    kl = np.exp(ref - lp) - (ref - lp) - 1
+    per_token = (surrogate - beta * kl) * m
     if mode == "token-mean":
-        weight = np.where(mask, 1.0 / mask.sum(), 0.0)
+        objective = per_token.sum() / m.sum()
     elif mode == "sequence-mean-token-mean":
-        weight = np.where(mask, 1.0 / (n * np.maximum(counts, 1))[:, None], 0.0)
+        objective = np.mean(per_token.sum(1) / np.maximum(m.sum(1), 1))
     else:
-        weight = np.where(mask, 1.0 / n, 0.0)
-    return float((per * weight).sum()), dper * weight
+        objective = np.mean(per_token.sum(1))
+    return -float(objective)
+
+
+def finite_difference(f, x, h: float = 1e-6) -> np.ndarray:
+    """Central differences of the scalar f at x (float64), entry by entry."""
+    x = np.array(x, np.float64)
+    grad = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        e = np.zeros_like(x)
+        e[i] = h
+        grad[i] = (f(x + e) - f(x - e)) / (2 * h)
+    return grad
+
+
+def numpy_loss(lp, old, ref, adv, mask, eps, beta, mode):
+    """(the reference loss, its gradient d loss / d log π by central differences), float64."""
+    f = lambda x: reference_loss(x, old, ref, adv, mask, eps, beta, mode)  # noqa: E731
+    return f(lp), finite_difference(f, lp)
+
+
+def clipped_fraction(lp, old, adv, mask, eps: float) -> float:
+    """The share of completion tokens whose clipped term is the min and differs from the unclipped one."""
+    rho = np.exp(np.asarray(lp, np.float64) - old)
+    a = np.asarray(adv, np.float64)[:, None]
+    return float(((np.clip(rho, 1 - eps, 1 + eps) * a < rho * a) & mask).sum() / mask.sum())
 
 
 def test_group_advantages():
@@ -53,23 +88,65 @@ def test_group_advantages():
 
 
 @pytest.mark.parametrize("mode", grpo.LOSS_AGG_MODES)
-def test_policy_loss_and_gradient_match_numpy(mode):
+def test_loss_and_logit_gradient_match_the_float64_reference(mode):
+    """Two groups of three completions (one group with tied rewards, so zero advantages), ratios inside and
+    outside the clip range on both sides: the loss, its gradient with respect to the logits, the KL and
+    ratio metrics and `clip_fraction` agree with the reference."""
     rng = np.random.default_rng(0)
-    n, g = 6, 7
-    lp = -rng.gamma(2.0, 1.0, (n, g))
-    old = lp + rng.normal(0, 0.4, (n, g))  # ratios well inside and outside the clip range
+    n, g, v, temperature, eps, beta = 6, 5, 7, 0.8, 0.2, 0.3
+    logits = rng.normal(0, 1.5, (n, g, v))
+    tokens = rng.integers(0, v, (n, g))
+    mask = np.arange(g)[None, :] < np.array([5, 2, 4, 1, 5, 3])[:, None]
+    lp = reference_logprobs(logits, tokens, temperature)
+    old = lp + rng.normal(0, 0.35, (n, g))
     ref = lp + rng.normal(0, 0.5, (n, g))
-    adv = rng.normal(0, 1, n)
-    mask = np.arange(g)[None, :] < np.array([7, 3, 5, 1, 7, 4])[:, None]
-    cfg = grpo.GRPOConfig(num_generations=3, beta=0.3, epsilon=0.2, loss_agg_mode=mode)
-    f = lambda x: grpo.policy_loss(x, jnp.asarray(old, jnp.float32), jnp.asarray(ref, jnp.float32),  # noqa: E731
-                                   jnp.asarray(adv, jnp.float32), jnp.asarray(mask), cfg)[0]
-    loss, grad = jax.value_and_grad(f)(jnp.asarray(lp, jnp.float32))
-    ref_loss, ref_grad = numpy_loss(lp, old, ref, adv, mask, 0.2, 0.3, mode)
-    r = np.exp(lp - old)[mask]
-    assert ((r < 0.8) | (r > 1.2)).any() and ((r > 0.8) & (r < 1.2)).any()
-    np.testing.assert_allclose(float(loss), ref_loss, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(np.asarray(grad), ref_grad, rtol=1e-4, atol=1e-6)
+    rewards_ = np.array([1.0, 0.0, 0.5, 2.0, 2.0, 2.0])
+    adv = grpo.group_advantages(rewards_, 3)
+    np.testing.assert_allclose(adv, reference_advantages(rewards_, 3), rtol=1e-6, atol=1e-7)
+    assert (adv[3:] == 0).all()
+    rho = np.exp(lp - old)[mask]
+    assert ((rho < 1 - eps) | (rho > 1 + eps)).any() and ((rho > 1 - eps) & (rho < 1 + eps)).any()
+    assert np.abs(rho - (1 - eps)).min() > 1e-4 and np.abs(rho - (1 + eps)).min() > 1e-4  # no kink within h
+
+    cfg = grpo.GRPOConfig(num_generations=3, beta=beta, epsilon=eps, loss_agg_mode=mode)
+    f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+
+    def loss(x):
+        logprobs = primitives.token_logprob(x, jnp.asarray(tokens), temperature)
+        return grpo.policy_loss(logprobs, f32(old), f32(ref), f32(adv), jnp.asarray(mask), cfg)
+
+    (value, metrics), grad = jax.value_and_grad(loss, has_aux=True)(f32(logits))
+    want = reference_loss(lp, old, ref, adv, mask, eps, beta, mode)
+    want_grad = finite_difference(
+        lambda x: reference_loss(reference_logprobs(x, tokens, temperature), old, ref, adv, mask, eps, beta, mode),
+        logits)
+    np.testing.assert_allclose(float(value), want, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(grad), want_grad, rtol=1e-4, atol=2e-6)
+    assert np.abs(want_grad).max() > 1e-2  # a gradient, not zeros compared with zeros
+    kl_only = reference_loss(lp, lp, ref, np.zeros(n), mask, eps, 1.0, mode)  # −(−KL): the aggregated k3 KL
+    np.testing.assert_allclose(float(metrics["kl"]), kl_only, rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["ratio"]), np.exp(lp - old)[mask].mean(), rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["clip_fraction"]), clipped_fraction(lp, old, adv, mask, eps), rtol=1e-6)
+
+
+def test_clip_fraction_counts_the_tokens_whose_clipping_removes_the_gradient():
+    """Ratios 1.5 and 0.5 for a positive, a negative and a zero advantage, and 1 (in range): only A > 0 with
+    ρ > 1 + ε and A < 0 with ρ < 1 − ε are clipped — exactly the tokens whose surrogate has no gradient
+    although their advantage is not 0."""
+    ratios = np.array([[1.5, 0.5, 1.0], [1.5, 0.5, 1.0], [1.5, 0.5, 1.0]])
+    adv = np.array([1.0, -1.0, 0.0])
+    mask = np.ones((3, 3), bool)
+    mask[0, 2] = False
+    old = np.zeros((3, 3))
+    lp = np.log(ratios)
+    cfg = grpo.GRPOConfig(num_generations=3, beta=0.0, epsilon=0.2, loss_agg_mode="sequence-mean-token-sum")
+    loss = lambda x: grpo.policy_loss(x, jnp.asarray(old, jnp.float32), None,  # noqa: E731
+                                      jnp.asarray(adv, jnp.float32), jnp.asarray(mask), cfg)
+    (_, metrics), grad = jax.value_and_grad(loss, has_aux=True)(jnp.asarray(lp, jnp.float32))
+    clipped = (np.asarray(grad) == 0) & (adv[:, None] != 0) & mask
+    assert clipped.sum() == 2 and clipped[0, 0] and clipped[1, 1]  # (A > 0, ρ = 1.5) and (A < 0, ρ = 0.5)
+    assert float(metrics["clip_fraction"]) == pytest.approx(2 / 8)
+    assert clipped_fraction(lp, old, adv, mask, 0.2) == pytest.approx(2 / 8)
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +156,7 @@ def rollouts():
     params = uno_trained_params()
     prompts = [[97, 98, 99, 100], [104, 106]]
     rows = [p for p in prompts for _ in range(3)]
-    gc = GenerationConfig(mode="spec", drafter="self", draft_length=3, max_new_tokens=10, temperature=1.0,
-                          eos_token_id=97 + 25)
+    gc = GenerationConfig(mode=SpecSelf(draft_length=3), max_new_tokens=10, temperature=1.0, eos_token_id=97 + 25)
     out = generate(params, CFG, rows, gc, jax.random.PRNGKey(4))
     batch = grpo.rollout_batch(rows, out, CFG.pad_token_id)
     adv = grpo.group_advantages(out.lengths.astype(np.float32), 3)
@@ -124,7 +200,7 @@ def test_grpo_loss_through_the_model(rollouts):
 
 def test_off_policy_rollouts_are_refused(rollouts):
     _, out, _, _ = rollouts
-    gc = GenerationConfig(mode="mdm", max_new_tokens=4, steps=2, temperature=1.0)
+    gc = GenerationConfig(mode=MDM(steps=2), max_new_tokens=4, temperature=1.0)
     mdm = generate(uno_trained_params(), CFG, [[97, 98]], gc, jax.random.PRNGKey(0))
     with pytest.raises(ValueError, match="'mdm'.*on-policy"):
         grpo.rollout_batch([[97, 98]], mdm, CFG.pad_token_id)

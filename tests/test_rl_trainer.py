@@ -18,7 +18,8 @@ from zarya_jax.eval import answers, tasks
 from zarya_jax.nn import lora as lora_lib
 from zarya_jax.nn import model as model_lib
 from zarya_jax.rl import config as rl_config
-from zarya_jax.rl import demo, grpo, rollout, trainer
+from zarya_jax.experiment import rl_demo as demo
+from zarya_jax.rl import grpo, rollout, trainer
 from zarya_jax.rl.plots import rl_plot
 from zarya_jax.train import sharding as shd
 from zarya_jax.train.optim import OptimConfig
@@ -107,8 +108,94 @@ def test_one_grpo_step_matches_numpy(tiny_config, tiny_params):
         np.testing.assert_allclose(moved[big], -lr * gr[big] / (np.abs(gr[big]) + optim.eps), rtol=1e-3, atol=1e-7)
 
 
+@pytest.mark.parametrize("mode", grpo.LOSS_AGG_MODES)
+def test_gradient_accumulation_does_not_change_the_loss_or_the_gradient(tiny_config, tiny_params, mode):
+    """One step of the trainer's objective on six rollouts of 1–6 completion tokens, in one batch and in
+    three micro-batches (rows 0,3 | 1,4 | 2,5): the same loss (the float64 reference's), gradient, KL, ratio
+    and clip fraction. The gradient is read from AdamW's first update with eps ≫ |g| (−lr·g/(|g| + eps))."""
+    cfg, params = tiny_config, tiny_params
+    rng = np.random.default_rng(1)
+    n, g = 6, 6
+    lengths, counts = rng.integers(2, 6, n), np.array([6, 1, 3, 5, 2, 4])
+    mask = np.arange(g)[None] < counts[:, None]
+    comp = rng.integers(0, 250, (n, g)).astype(np.int32)
+    tokens = np.full((n, lengths.max() + g), cfg.pad_token_id, np.int32)
+    for i in range(n):
+        tokens[i, :lengths[i]] = rng.integers(0, 250, lengths[i])
+        tokens[i, lengths[i]:lengths[i] + counts[i]] = comp[i, :counts[i]]
+    rows = {"tokens": tokens, "prompt_lengths": lengths.astype(np.int32), "completions": comp, "mask": mask}
+    lp = np.asarray(grpo.completion_logprobs(params, cfg, rows), np.float64)
+    old = np.where(mask, lp + rng.normal(0, 0.3, (n, g)), 0)
+    ref = np.where(mask, lp + rng.normal(0, 0.3, (n, g)), 0)
+    adv = rng.normal(0, 1, n)
+    batch = {**rows, "prompt_lengths": rows["prompt_lengths"][:, None], "old_logprobs": old.astype(np.float32),
+             "ref_logprobs": ref.astype(np.float32), "advantages": adv.astype(np.float32)[:, None],
+             "mean_tokens": np.full((n, 1), mask.sum() / n, np.float32)}
+    gcfg = grpo.GRPOConfig(num_generations=2, beta=0.1, epsilon=0.2, loss_agg_mode=mode)
+    mesh = shd.make_mesh(shd.MeshConfig(num_devices=1))
+    out = {}
+    for accum in (1, 3):
+        optim = OptimConfig(lr=1.0, warmup_steps=0, schedule="constant", weight_decay=0.0, clip_norm=0.0, eps=1e3,
+                            grad_accum_steps=accum)
+        optimizer, _ = build_optimizer(optim, 1, params)
+        step = jax.jit(lambda st, b: make_train_step(trainer.grpo_objective(cfg, gcfg, 1.0), optimizer, optim, 1,
+                                                     mesh)(st, None, b, None))
+        new, metrics = step(init_state(params, optimizer, jax.random.PRNGKey(0)),
+                            {k: jnp.asarray(v) for k, v in batch.items()})
+        moved = [np.asarray(b, np.float64) - np.asarray(a, np.float64)
+                 for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(new["params"]))]
+        out[accum] = ({k: float(v) for k, v in metrics.items()}, moved)
+    (m1, u1), (m3, u3) = out[1], out[3]
+    want = numpy_loss(lp, old, ref, adv, mask, 0.2, 0.1, mode)[0]
+    for m in (m1, m3):
+        np.testing.assert_allclose(m["loss"], want, rtol=1e-4, atol=1e-6)
+    for key in ("loss", "grad_norm", "kl", "ratio", "clip_fraction"):
+        np.testing.assert_allclose(m3[key], m1[key], rtol=1e-5, atol=1e-7, err_msg=key)
+    assert m1["grad_norm"] > 1e-3 and m1["clip_fraction"] > 0
+    for a, b, p0 in zip(u1, u3, jax.tree.leaves(params)):  # to the rounding of the float32 params they moved
+        ulp = np.spacing(np.abs(np.asarray(p0, np.float32)) + np.abs(a).astype(np.float32)).astype(np.float64)
+        assert np.all(np.abs(b - a) <= 1e-4 * np.abs(a) + 4 * ulp)
+
+
+def test_num_iterations_updates_in_one_step(tiny_config, tiny_params):
+    """`rl.num_iterations` = 2 is one step of the loop holding two optimizer updates on the same rollouts:
+    the params, Adam moments and metrics of two single-update steps, with the step counted once."""
+    cfg, params = tiny_config, tiny_params
+    rng = np.random.default_rng(2)
+    n, g, width = 4, 4, 10
+    mask = np.arange(g)[None] < np.array([4, 2, 3, 1])[:, None]
+    tokens = rng.integers(0, 250, (n, width)).astype(np.int32)
+    batch = {"tokens": tokens, "prompt_lengths": np.full((n, 1), 5, np.int32), "completions": tokens[:, 5:9],
+             "mask": mask, "old_logprobs": np.where(mask, -5.5, 0).astype(np.float32),
+             "ref_logprobs": np.where(mask, -5.4, 0).astype(np.float32),
+             "advantages": rng.normal(0, 1, (n, 1)).astype(np.float32)}
+    batch = {k: jnp.asarray(v) for k, v in batch.items()}
+    objective = trainer.grpo_objective(cfg, grpo.GRPOConfig(num_generations=2), 1.0)
+    optim = OptimConfig(lr=1e-2, warmup_steps=0, schedule="constant", weight_decay=0.0)
+    mesh = shd.make_mesh(shd.MeshConfig(num_devices=1))
+    results = {}
+    for updates, calls in ((1, 2), (2, 1)):
+        optimizer, _ = build_optimizer(optim, 2, params)
+        step = jax.jit(lambda st, b: make_train_step(objective, optimizer, optim, 2 // updates, mesh,
+                                                     updates=updates)(st, None, b, None))
+        state = init_state(params, optimizer, jax.random.PRNGKey(0))
+        for _ in range(calls):
+            state, metrics = step(state, batch)
+        results[updates] = (state, {k: float(v) for k, v in metrics.items()})
+    (one, m1), (two, m2) = results[1], results[2]
+    assert int(one["step"]) == 2 and int(two["step"]) == 1 and m2["bad_step"] == -1
+    for a, b in zip(jax.tree.leaves((one["params"], one["opt_state"])), jax.tree.leaves((two["params"],
+                                                                                          two["opt_state"]))):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-6, atol=1e-7)
+    for key in ("loss", "grad_norm", "ratio", "kl"):
+        np.testing.assert_allclose(m2[key], m1[key], rtol=1e-5, err_msg=key)
+
+
 # --------------------------------------------------------------------------- resume
-def _rows(workdir, timing=("rollout_s", "update_s")):
+TIMING = ("rollout_s", "update_s", "tokens_per_s", "mfu", "step_time_s")
+
+
+def _rows(workdir, timing=TIMING):
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         return [{k: v for k, v in json.loads(line).items() if k not in timing} for line in f]
 
@@ -197,6 +284,17 @@ def test_config_refuses_off_policy_modes_and_tiny_groups():
         rl_config.build(["rl.num_generations=1"])
     with pytest.raises(ValueError, match="does not import"):
         rl_config.load_reward("no_such_module.reward")
+    with pytest.raises(ValueError, match="rl.top_k=3: GRPO scores every rollout token under the full softmax"):
+        rl_config.build(["rl.top_k=3"])  # the loss would score another distribution than the rollouts sample
+    with pytest.raises(ValueError, match="train.init_from='x': not read by RL"):
+        rl_config.build(["train.init_from=x"])
+    cfg = rl_config.build(["rl.refresh_optim.lr=3e-4", "optim.lr=2e-5", "train.divergence.zero_grad_steps=3"])
+    assert (cfg.rl.refresh_optim.lr, cfg.optim.lr, cfg.train.divergence.zero_grad_steps) == (3e-4, 2e-5, 3)
+    # what a resumed run may change: the shared loop's list (one definition) and data.eval_size
+    resumed = ["train.save_every=1", "train.divergence.zero_grad_steps=0", "mesh.num_devices=1", "data.eval_size=3"]
+    assert rl_config.diff(cfg, rl_config.build(["rl.refresh_optim.lr=3e-4", "optim.lr=2e-5", *resumed])) == []
+    assert rl_config.diff(cfg, rl_config.build(["rl.refresh_optim.lr=1e-4", "optim.lr=2e-5"]))[0].startswith(
+        "rl.refresh_optim:")
 
 
 def test_unmark_restates_a_fraction_of_the_final_answers():

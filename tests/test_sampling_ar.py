@@ -8,6 +8,7 @@ from zarya_jax import model as model_lib
 from zarya_jax.config import ModelConfig
 from zarya_jax.sampling import GenerationConfig, generate
 from zarya_jax.sampling.generate import TRACE_COUNTS
+from zarya_jax.testing import TINY, random_torch_model
 
 MASK, EOS, PAD = 259, 258, 256
 PROMPTS = [[5, 17, 42, 99, 3, 250, 7], [12, 8], [200, 1, 1, 64, 33]]
@@ -38,18 +39,9 @@ def params_from_state_dict(sd, c: ModelConfig):
 
 @pytest.fixture(scope="module")
 def hf_pair():
-    torch = pytest.importorskip("torch")
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    hf_cfg = Qwen3Config(vocab_size=264, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                         tie_word_embeddings=True, rope_theta=1_000_000.0, initializer_range=0.2,
-                         attn_implementation="eager", eos_token_id=EOS, pad_token_id=PAD)
-    hf = Qwen3ForCausalLM(hf_cfg).eval()
-    config = ModelConfig(vocab_size=264, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-                         num_kv_heads=2, head_dim=16, max_position_embeddings=512, mask_token_id=MASK,
-                         eos_token_id=EOS, pad_token_id=PAD)
+    pytest.importorskip("torch")
+    config = TINY  # mask MASK, EOS EOS, pad PAD
+    hf = random_torch_model(config, 0, initializer_range=0.2)
     sd = {k: v.detach().float().numpy() for k, v in hf.state_dict().items()}
     return hf, config, params_from_state_dict(sd, config)
 

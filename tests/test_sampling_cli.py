@@ -7,6 +7,7 @@ import pytest
 from experiments import generate as cli
 from zarya_jax import checkpoint
 from zarya_jax.data.tokenizer import ByteTokenizer
+from zarya_jax.sampling import GenerationConfig, modes
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +38,9 @@ def test_generate_from_file_streams_rows(ckpt, tmp_path, capsys):
     (["--prompt", "x", "--mode", "slotted", "--set", "token_threshold=2"], "token_threshold=2.0"),
     (["--prompt", "x", "--set", "temprature=1"], "did you mean ['temperature']"),
     (["--prompt", "x", "--set", "top_k=many"], "top_k='many': expected an integer"),
+    (["--prompt", "x", "--mode", "ar", "--set", "slot_size=4"], "mode 'ar' has no field 'slot_size'"),
+    (["--prompt", "x", "--mode", "spec-lora"], "--mode spec-lora needs --lora DIR"),
+    (["--prompt", "x", "--mode", "spec-model"], "--mode spec-model needs --draft-ckpt DIR"),
     (["--prompt", ""], "prompt 0 is empty"),
     (["--prompts-file", "/nonexistent.txt"], "does not exist"),
     (["--prompt", "x", "--batch-size", "0"], "--batch-size=0"),
@@ -55,6 +59,17 @@ def test_bad_mode_is_an_argparse_error(ckpt):
         cli.main(["--ckpt", ckpt, "--prompt", "x", "--mode", "beam"])
     assert e.value.code == 2
     assert not os.path.exists("never")
+
+
+def test_mode_knobs_typed_from_the_mode(ckpt):
+    """`--mode NAME --set FIELD=VALUE`: a field of the mode's dataclass or a shared one, typed from it."""
+    args = cli.build_parser().parse_args(["--ckpt", ckpt, "--prompt", "x", "--mode", "spec-self-fused",
+                                          "--max-new-tokens", "12", "--set", "draft_length=3", "--set", "top_k=5"])
+    assert cli.generation_config(args) == GenerationConfig(mode=modes.mode("spec-self-fused", draft_length=3),
+                                                           max_new_tokens=12, top_k=5)
+    default = cli.build_parser().parse_args(["--ckpt", ckpt, "--prompt", "x"])
+    assert cli.generation_config(default).mode == modes.mode("mdm")  # mode A, as without --mode before
+    assert "--mode slotted knobs" in cli.build_parser().epilog and "token_threshold" in cli.build_parser().epilog
 
 
 def test_the_commands_read_the_checkpoint_onto_every_device(ckpt, tiny_config):

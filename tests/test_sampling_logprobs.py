@@ -7,7 +7,7 @@ import pytest
 
 from zarya_jax import model as model_lib
 from zarya_jax.nn import lora as lora_lib
-from zarya_jax.sampling import GenerationConfig, generate
+from zarya_jax.sampling import GenerationConfig, SpecSelf, generate
 from zarya_jax.testing import UNO_CONFIG as CFG, UNO_LORA as LORA, synthetic_tokens
 from zarya_jax.testing import uno_trained_params as trained_model
 
@@ -43,30 +43,30 @@ def teacher_forced(params, prompts, out, temperature):
     return ref
 
 
-CASES = [  # (mode, drafter, knobs)
-    ("ar", None, dict(temperature=1.0)),
-    ("ar", None, dict(temperature=0.7, top_k=3)),
-    ("ar", None, dict(temperature=0.0)),
-    ("ar_uncached", None, dict(temperature=1.3, top_p=0.9)),
-    ("spec", "self", dict(temperature=1.0, draft_length=3)),
-    ("spec", "self", dict(temperature=0.7, top_k=3, draft_length=4)),
-    ("spec", "self", dict(temperature=1.0, draft_length=3, fused=True)),
-    ("spec", "self", dict(temperature=1.3, top_k=5, repetition_penalty=1.2, draft_length=3, fused=True)),
-    ("spec", "lora", dict(temperature=1.0, draft_length=4)),
-    ("spec", "lora", dict(temperature=1.3, top_k=5, repetition_penalty=1.2, draft_length=3)),
-    ("spec", "lora", dict(temperature=1.0, top_k=5, repetition_penalty=1.2, draft_length=3, fused=True)),
+CASES = [  # (mode, knobs: shared and the mode's)
+    ("ar", dict(temperature=1.0)),
+    ("ar", dict(temperature=0.7, top_k=3)),
+    ("ar", dict(temperature=0.0)),
+    ("ar_uncached", dict(temperature=1.3, top_p=0.9)),
+    ("spec-self", dict(temperature=1.0, draft_length=3)),
+    ("spec-self", dict(temperature=0.7, top_k=3, draft_length=4)),
+    ("spec-self-fused", dict(temperature=1.0, draft_length=3)),
+    ("spec-self-fused", dict(temperature=1.3, top_k=5, repetition_penalty=1.2, draft_length=3)),
+    ("spec-lora", dict(temperature=1.0, draft_length=4)),
+    ("spec-lora", dict(temperature=1.3, top_k=5, repetition_penalty=1.2, draft_length=3)),
+    ("spec-lora-fused", dict(temperature=1.0, top_k=5, repetition_penalty=1.2, draft_length=3)),
 ]
 
 
-@pytest.mark.parametrize("mode,drafter,knobs", CASES)
-def test_logprobs_equal_teacher_forced_recompute(mode, drafter, knobs):
+@pytest.mark.parametrize("mode,knobs", CASES)
+def test_logprobs_equal_teacher_forced_recompute(mode, knobs):
     params = trained_model()
     prompts = _prompts()
     adapter = {}
-    if drafter == "lora":  # an untrained adapter: its drafts are mostly rejected
+    if mode.startswith("spec-lora"):  # an untrained adapter: its drafts are mostly rejected
         adapter = dict(lora_params=lora_lib.init_lora(CFG, LORA, jax.random.PRNGKey(1)), lora=LORA)
-    gc = GenerationConfig(mode="ar" if mode == "ar_uncached" else mode, max_new_tokens=G, eos_token_id=EOS,
-                          **({"drafter": drafter} if drafter else {}), **knobs)
+    gc = GenerationConfig(mode="ar" if mode == "ar_uncached" else mode, max_new_tokens=G,
+                          eos_token_id=EOS).with_knobs(**knobs)
     out = generate(params, CFG, prompts, gc, jax.random.PRNGKey(5), use_cache=mode != "ar_uncached", **adapter)
     assert out.logprobs.dtype == np.float32 and out.logprobs.shape == (len(prompts), G)
     assert (out.lengths < G).any() and len(set(out.lengths.tolist())) > 1  # rows finish early, at different ends
@@ -75,9 +75,9 @@ def test_logprobs_equal_teacher_forced_recompute(mode, drafter, knobs):
     written = np.arange(G)[None, :] < out.lengths[:, None]
     assert (out.logprobs[~written] == 0).all()
     assert (out.logprobs[written] <= 0).all() and out.logprobs[written].min() < -0.05  # not all certain
-    if drafter is not None:
+    if mode.startswith("spec"):
         by_position = out.stats["acceptance_by_position"]
-        first = 0 if knobs.get("fused") else 1  # the first drafted token (two-pass: index 0 is c0, from p0)
+        first = 0 if mode.endswith("-fused") else 1  # the first drafted token (two-pass: index 0 is c0, from p0)
         assert 0 < by_position[first] < 1  # drafts both accepted and rejected
 
 
@@ -86,12 +86,12 @@ def test_greedy_spec_reports_the_ar_logprobs():
     params, prompts = trained_model(), _prompts()
     gc = GenerationConfig(mode="ar", max_new_tokens=G, eos_token_id=EOS, temperature=0.0)
     ref = generate(params, CFG, prompts, gc, jax.random.PRNGKey(0))
-    out = generate(params, CFG, prompts, gc.replace(mode="spec", drafter="self", draft_length=3), jax.random.PRNGKey(1))
+    out = generate(params, CFG, prompts, gc.replace(mode=SpecSelf(draft_length=3)), jax.random.PRNGKey(1))
     np.testing.assert_array_equal(out.tokens, ref.tokens)
     np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("mode,knobs", [("mdm", dict(steps=2)), ("slotted", dict(slot_size=2))])
 def test_threshold_and_mdm_modes_report_none(mode, knobs):
-    gc = GenerationConfig(mode=mode, max_new_tokens=4, temperature=1.0, **knobs)
+    gc = GenerationConfig(mode=mode, max_new_tokens=4, temperature=1.0).with_knobs(**knobs)
     assert generate(trained_model(), CFG, _prompts()[:2], gc, jax.random.PRNGKey(0)).logprobs is None

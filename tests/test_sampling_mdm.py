@@ -3,9 +3,10 @@ import jax
 import numpy as np
 import pytest
 
-from test_sampling_reference import check_against_full_forward
 from zarya_jax import model as model_lib
 from zarya_jax.sampling import GenerationConfig, generate, mdm
+from zarya_jax.sampling.mdm import MDM
+from zarya_jax.testing import check_against_full_forward
 
 PROMPTS = [[5, 17, 42, 99, 3], [12, 8, 100]]
 M, T = 8, 3
@@ -13,7 +14,7 @@ M, T = 8, 3
 
 @pytest.fixture(scope="module")
 def run_a(tiny_config, tiny_params):
-    gc = GenerationConfig(mode="mdm", max_new_tokens=M, steps=T, alpha0=0.5, temperature=1.0, stop_at_eos=False,
+    gc = GenerationConfig(mode=MDM(steps=T, alpha0=0.5), max_new_tokens=M, temperature=1.0, stop_at_eos=False,
                           prompt_bucket=8)
     return gc, generate(tiny_params, tiny_config, PROMPTS, gc, jax.random.PRNGKey(2), debug=True)
 
@@ -52,7 +53,7 @@ def test_layout_budget_and_no_mask(run_a, tiny_config):
 def test_budget_schedule():
     """T > 0: N_d ~ Binomial(M, alpha0) spread evenly over T steps, then one per step; T = 0: ⌈M/4⌉ steps ≤ 4."""
     m, t, a, rows = 10, 4, 0.3, 4000
-    gc = GenerationConfig(mode="mdm", max_new_tokens=m, steps=t, alpha0=a)
+    gc = GenerationConfig(mode=MDM(steps=t, alpha0=a), max_new_tokens=m)
     order, sizes, n_steps, n_d = jax.jit(lambda k: mdm.plan(k, gc, rows))(jax.random.PRNGKey(0))
     order, sizes, n_steps, n_d = map(np.asarray, (order, sizes, n_steps, n_d))
     assert abs(n_d.mean() - m * a) < 0.1 and abs(n_d.var() - m * a * (1 - a)) < 0.25
@@ -66,7 +67,7 @@ def test_budget_schedule():
             assert diff.max() - diff.min() <= 1 and diff.max() <= -(-m // t)
         assert np.all(k[min(t, nd):] == 1)
         assert sorted(order[r].tolist()) == list(range(m))
-    gc0 = gc.replace(steps=0)
+    gc0 = gc.with_knobs(steps=0)
     _, sizes0, n0, _ = mdm.plan(jax.random.PRNGKey(1), gc0, 2)
     assert np.asarray(n0).tolist() == [3, 3]
     assert np.asarray(sizes0)[0, :3].tolist() == [3, 3, 4]
@@ -77,8 +78,8 @@ def test_budget_schedule():
 
 @pytest.fixture(scope="module", params=["random", "logical", "confidence"])
 def run_order(request, tiny_config, tiny_params):
-    gc = GenerationConfig(mode="mdm", max_new_tokens=M, steps=T, alpha0=0.6, temperature=1.0, stop_at_eos=False,
-                          prompt_bucket=8, mdm_order=request.param)
+    gc = GenerationConfig(mode=MDM(steps=T, alpha0=0.6, order=request.param), max_new_tokens=M, temperature=1.0,
+                          stop_at_eos=False, prompt_bucket=8)
     return gc, generate(tiny_params, tiny_config, PROMPTS, gc, jax.random.PRNGKey(3), debug=True)
 
 
@@ -94,7 +95,7 @@ def test_each_order_equals_full_forward(run_order, tiny_config, tiny_params):
         assert out.num_forward_passes[b] == 1 + min(T, n_d) + (M - n_d)  # the same budget in every order
         order = st["order"][b]
         assert list(order[n_d:]) == sorted(order[n_d:])  # sequential tail left to right
-        if gc.mdm_order == "logical":
+        if gc.mode.order == "logical":
             assert order.tolist() == list(range(M))
 
 
@@ -102,7 +103,7 @@ def test_each_order_equals_full_forward(run_order, tiny_config, tiny_params):
 def test_confidence_order_commits_the_most_confident(run_order, tiny_config):
     """Each diffusion step commits the k undecoded masks whose top probability is highest."""
     gc, out = run_order
-    assert gc.mdm_order == "confidence"
+    assert gc.mode.order == "confidence"
     tr, st = out.stats["trace"], out.stats
     kw = mdm.window_rows(gc)
     for b, prompt in enumerate(PROMPTS):
@@ -126,7 +127,7 @@ def test_confidence_order_commits_the_most_confident(run_order, tiny_config):
 
 
 def test_ar_sequential_at_alpha0_zero_equals_ar(tiny_config, tiny_params):
-    """mdm_sequential="ar" with α0 = 0 is a left-to-right AR decode: token for token, ragged prompts, EOS."""
+    """sequential="ar" with α0 = 0 is a left-to-right AR decode: token for token, ragged prompts, EOS."""
     prompts = [[5, 17, 42, 99, 3], [12, 8, 100], [7]]
     g = 10
     free = generate(tiny_params, tiny_config, prompts, GenerationConfig(mode="ar", max_new_tokens=g, stop_at_eos=False,
@@ -135,8 +136,8 @@ def test_ar_sequential_at_alpha0_zero_equals_ar(tiny_config, tiny_params):
     ar_cfg = GenerationConfig(mode="ar", max_new_tokens=g, eos_token_id=eos, prompt_bucket=8)
     ref = generate(tiny_params, tiny_config, prompts, ar_cfg, jax.random.PRNGKey(0))
     assert (ref.lengths < g).any()
-    a_cfg = GenerationConfig(mode="mdm", max_new_tokens=g, steps=4, alpha0=0.0, eos_token_id=eos, prompt_bucket=8,
-                             mdm_sequential="ar")
+    a_cfg = GenerationConfig(mode=MDM(steps=4, alpha0=0.0, sequential="ar"), max_new_tokens=g, eos_token_id=eos,
+                             prompt_bucket=8)
     out = generate(tiny_params, tiny_config, prompts, a_cfg, jax.random.PRNGKey(1))
     np.testing.assert_array_equal(out.lengths, ref.lengths)
     np.testing.assert_array_equal(out.tokens, ref.tokens)
@@ -147,8 +148,8 @@ def test_ar_sequential_rows_equal_recompute(tiny_config, tiny_params, order):
     """With diffusion tokens too, each AR-convention query equals a full forward over the decoded context
     in physical order followed by the token before the target (its committed copy not repeated), in the
     program of its own (confidence) and in the one the planned orders share with the mask convention."""
-    gc = GenerationConfig(mode="mdm", max_new_tokens=M, steps=T, alpha0=0.5, temperature=1.0, stop_at_eos=False,
-                          prompt_bucket=8, mdm_sequential="ar", mdm_order=order)
+    gc = GenerationConfig(mode=MDM(steps=T, alpha0=0.5, sequential="ar", order=order), max_new_tokens=M,
+                          temperature=1.0, stop_at_eos=False, prompt_bucket=8)
     out = generate(tiny_params, tiny_config, PROMPTS, gc, jax.random.PRNGKey(4), debug=True)
     tr, st = out.stats["trace"], out.stats
     kw = mdm.window_rows(gc)
@@ -179,9 +180,9 @@ def test_ar_sequential_rows_equal_recompute(tiny_config, tiny_params, order):
 
 
 def test_mode_a_option_errors():
-    for field, value in (("mdm_order", "sorted"), ("mdm_sequential", "clean")):
-        with pytest.raises(ValueError, match=f"{field}='{value}'"):
-            GenerationConfig(mode="mdm", **{field: value}).validate()
+    for field, value in (("order", "sorted"), ("sequential", "clean"), ("alpha0", 1.5), ("steps", -1)):
+        with pytest.raises(ValueError, match=f"knobs.mdm.{field}={value!r}: expected"):
+            GenerationConfig(mode=MDM(**{field: value})).validate()
 
 
 def test_alpha0_is_traced_and_matches_its_schedule(tiny_config, tiny_params):
@@ -189,17 +190,17 @@ def test_alpha0_is_traced_and_matches_its_schedule(tiny_config, tiny_params):
     draws for it from the same key (N_d per row), the α0 = 1 rows without a sequential phase."""
     from zarya_jax.sampling.generate import TRACE_COUNTS, static_key
 
-    gc = GenerationConfig(mode="mdm", max_new_tokens=M, steps=T, alpha0=0.3, temperature=1.0, stop_at_eos=False,
+    gc = GenerationConfig(mode=MDM(steps=T, alpha0=0.3), max_new_tokens=M, temperature=1.0, stop_at_eos=False,
                           prompt_bucket=8)
-    assert static_key(gc) == static_key(gc.replace(alpha0=1.0))
+    assert static_key(gc) == static_key(gc.with_knobs(alpha0=1.0))
     key = jax.random.PRNGKey(5)
     outs = {}
     for a in (0.3, 1.0):
         before = TRACE_COUNTS["mdm"]
-        outs[a] = generate(tiny_params, tiny_config, PROMPTS, gc.replace(alpha0=a), key)
+        outs[a] = generate(tiny_params, tiny_config, PROMPTS, gc.with_knobs(alpha0=a), key)
         traced = TRACE_COUNTS["mdm"] - before
         assert traced == (1 if a == 0.3 else 0)
-        _, _, _, n_d = mdm.plan(jax.random.split(key)[0], gc.replace(alpha0=a), len(PROMPTS))
+        _, _, _, n_d = mdm.plan(jax.random.split(key)[0], gc.with_knobs(alpha0=a), len(PROMPTS))
         assert outs[a].stats["num_diffusion"].tolist() == np.asarray(n_d).tolist()
         assert outs[a].num_forward_passes.tolist() == [1 + min(T, n) + (M - n) for n in np.asarray(n_d)]
     assert outs[1.0].stats["num_diffusion"].tolist() == [M, M]
@@ -212,13 +213,13 @@ def test_orders_and_conventions_share_a_program(tiny_config, tiny_params):
     before their target (a different output than the mask convention's on this random model)."""
     from zarya_jax.sampling.generate import TRACE_COUNTS, static_key
 
-    gc = GenerationConfig(mode="mdm", max_new_tokens=M, steps=T, alpha0=0.5, temperature=0.0, stop_at_eos=False,
+    gc = GenerationConfig(mode=MDM(steps=T, alpha0=0.5), max_new_tokens=M, temperature=0.0, stop_at_eos=False,
                           prompt_bucket=16)
     combos = [(o, s) for o in ("random", "logical") for s in ("mask", "ar")]
-    keys = {static_key(gc.replace(mdm_order=o, mdm_sequential=s)) for o, s in combos}
-    assert len(keys) == 1 and static_key(gc.replace(mdm_order="confidence")) not in keys
+    keys = {static_key(gc.with_knobs(order=o, sequential=s)) for o, s in combos}
+    assert len(keys) == 1 and static_key(gc.with_knobs(order="confidence")) not in keys
     before = TRACE_COUNTS["mdm"]
-    outs = {c: generate(tiny_params, tiny_config, PROMPTS, gc.replace(mdm_order=c[0], mdm_sequential=c[1]),
+    outs = {c: generate(tiny_params, tiny_config, PROMPTS, gc.with_knobs(order=c[0], sequential=c[1]),
                         jax.random.PRNGKey(4), debug=True) for c in combos}
     assert TRACE_COUNTS["mdm"] - before == 1
     for (order, seq), out in outs.items():
@@ -230,3 +231,14 @@ def test_orders_and_conventions_share_a_program(tiny_config, tiny_params):
             if order == "logical":
                 assert dif == sorted(dif)
     assert any((outs[(o, "mask")].tokens != outs[(o, "ar")].tokens).any() for o in ("random", "logical"))
+
+
+def test_canonical_resets_the_knobs_a_point_does_not_read():
+    """T = 0 reads neither α0 nor the sequential convention, α0 = 1 not the convention (no sequential
+    phase): the frontier's equivalent points fold onto one; the others stay as they are."""
+    assert MDM(steps=0, alpha0=0.5, sequential="ar").canonical(M) == MDM(steps=0, order="random")
+    assert MDM(steps=0, alpha0=1.0, order="logical").canonical(M) == MDM(steps=0, order="logical")
+    assert MDM(steps=4, alpha0=1.0, sequential="ar").canonical(M) == MDM(steps=4, alpha0=1.0)
+    point = MDM(steps=4, alpha0=0.5, order="confidence", sequential="ar")
+    assert point.canonical(M) == point
+    assert point.short() == "T=4 α0=0.5 confidence order AR-row sequential" and MDM().short() == "T=0"

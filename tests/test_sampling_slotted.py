@@ -3,45 +3,45 @@ import jax
 import numpy as np
 import pytest
 
-from test_sampling_reference import check_against_full_forward
 from zarya_jax.sampling import GenerationConfig, generate, slotted
+from zarya_jax.sampling.slotted import Slotted
 from zarya_jax.sampling.slotted import INFILL_DRAFT, INFILL_VERIFY, PLAN, VERIFY
+from zarya_jax.testing import check_against_full_forward
 
 PROMPTS = [[5, 17, 42, 99, 3], [12, 8, 100]]
 G, S, NB = 16, 4, 2
 
 
 @pytest.fixture(scope="module")
-def tiny_params(tiny_params):
+def peaked_params(tiny_params):
     """The shared random model with its embedding (tied head) scaled to std 1: peaked next-token
     distributions, so that with these keys token 20 is frequent enough to serve as EOS below."""
     return {**tiny_params, "embed": tiny_params["embed"] * 50.0}
 
 
 @pytest.fixture(scope="module")
-def run_one_slot(tiny_config, tiny_params):
+def run_one_slot(tiny_config, peaked_params):
     """τs > 1: one slot per plan; τt = 0.9 so infill rounds happen."""
-    gc = GenerationConfig(slotted_generation=True, max_new_tokens=G, slot_size=S, serial_num_blocks=NB,
-                          slot_threshold=2.0, token_threshold=0.9, temperature=1.0, stop_at_eos=False,
-                          prompt_bucket=8)
-    return gc, generate(tiny_params, tiny_config, PROMPTS, gc, jax.random.PRNGKey(4), debug=True)
+    gc = GenerationConfig(mode=Slotted(slot_size=S, serial_num_blocks=NB, slot_threshold=2.0, token_threshold=0.9),
+                          max_new_tokens=G, temperature=1.0, stop_at_eos=False, prompt_bucket=8)
+    return gc, generate(peaked_params, tiny_config, PROMPTS, gc, jax.random.PRNGKey(4), debug=True)
 
 
 @pytest.fixture(scope="module")
-def run_tau_zero(tiny_config, tiny_params):
+def run_tau_zero(tiny_config, peaked_params):
     """τt = 0 and τs = 0 (every slot chosen at once); EOS = the model's most frequent token so rows stop."""
-    gc = GenerationConfig(mode="slotted", max_new_tokens=G, slot_size=S, serial_num_blocks=NB, slot_threshold=0.0,
-                          token_threshold=0.0, temperature=1.0, eos_token_id=20, prompt_bucket=8)
-    return gc, generate(tiny_params, tiny_config, PROMPTS, gc, jax.random.PRNGKey(5), debug=True)
+    gc = GenerationConfig(mode=Slotted(slot_size=S, serial_num_blocks=NB, slot_threshold=0.0, token_threshold=0.0),
+                          max_new_tokens=G, temperature=1.0, eos_token_id=20, prompt_bucket=8)
+    return gc, generate(peaked_params, tiny_config, PROMPTS, gc, jax.random.PRNGKey(5), debug=True)
 
 
-def test_one_slot_passes_equal_full_recompute(run_one_slot, tiny_config, tiny_params):
+def test_one_slot_passes_equal_full_recompute(run_one_slot, tiny_config, peaked_params):
     gc, out = run_one_slot
     st = out.stats
     phases = np.asarray(st["trace"]["phase"])
     assert np.any((phases == INFILL_DRAFT) | (phases == INFILL_VERIFY))  # infill was exercised
     raw = st["raw_physical"]
-    n = check_against_full_forward(tiny_params, tiny_config, st["trace"], raw["physical_tokens"],
+    n = check_against_full_forward(peaked_params, tiny_config, st["trace"], raw["physical_tokens"],
                                    raw["physical_positions"])
     assert n == int(out.num_forward_passes.sum()) - len(PROMPTS)
     assert np.all(st["plans"] == G // S)  # one slot per plan
@@ -61,7 +61,7 @@ def test_layout_and_no_mask(run_one_slot, run_tau_zero, tiny_config):
                 assert out.tokens[b, q - p] == t
 
 
-def test_tau_t_zero_commits_after_one_verify(run_tau_zero, tiny_config, tiny_params):
+def test_tau_t_zero_commits_after_one_verify(run_tau_zero, tiny_config, peaked_params):
     gc, out = run_tau_zero
     st = out.stats
     phases = np.asarray(st["trace"]["phase"])
@@ -76,7 +76,7 @@ def test_tau_t_zero_commits_after_one_verify(run_tau_zero, tiny_config, tiny_par
             assert valid[i, b].sum() == valid[i + 1, b].sum()
     # plan/verify passes are causal: they too equal the full recompute
     raw = st["raw_physical"]
-    check_against_full_forward(tiny_params, tiny_config, st["trace"], raw["physical_tokens"],
+    check_against_full_forward(peaked_params, tiny_config, st["trace"], raw["physical_tokens"],
                                raw["physical_positions"])
 
 
@@ -96,8 +96,8 @@ def test_eos_cuts_rows(run_tau_zero):
 
 
 def test_block_layout():
-    mk = lambda g, s, nb: GenerationConfig(mode="slotted", max_new_tokens=g, slot_size=s,  # noqa: E731
-                                           serial_num_blocks=nb)
+    mk = lambda g, s, nb: GenerationConfig(mode=Slotted(slot_size=s, serial_num_blocks=nb),  # noqa: E731
+                                           max_new_tokens=g)
     assert slotted.block_layout(mk(16, 4, 2)) == (2, 8)
     assert slotted.block_layout(mk(100, 8, 2)) == (2, 48)   # ⌊100/2⌋ = 50 rounded down to 48
     assert slotted.block_layout(mk(12, 4, 8)) == (3, 4)     # NB lowered so that block ≥ slot
@@ -116,13 +116,13 @@ def test_block_layout_bound():
             for nb in (1, 2, 3, 8):
                 if s > g:
                     continue
-                gc = GenerationConfig(mode="slotted", max_new_tokens=g, slot_size=s, serial_num_blocks=nb,
-                                      max_block_size=10 ** 6)
+                gc = GenerationConfig(mode=Slotted(slot_size=s, serial_num_blocks=nb, max_block_size=10 ** 6),
+                                      max_new_tokens=g)
                 assert slotted.block_layout(gc) == _unbounded_layout(g, s, nb)  # unbound: as before
                 for cap in (s, 16, 256):
                     if cap < s:
                         continue
-                    n, bs = slotted.block_layout(gc.replace(max_block_size=cap))
+                    n, bs = slotted.block_layout(gc.with_knobs(max_block_size=cap))
                     assert bs <= cap // s * s and (n, bs) == _unbounded_layout(g, s, n)
                     # where the bound does not bind, the layout is today's
                     if _unbounded_layout(g, s, nb)[1] <= cap:
@@ -132,50 +132,58 @@ def test_block_layout_bound():
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_bounded_block_decodes_as_more_blocks(temperature, tiny_config, tiny_params):
+def test_bounded_block_decodes_as_more_blocks(temperature, tiny_config, peaked_params):
     """A binding `max_block_size` is the unbounded decode with more blocks (here G/S), token for token."""
-    base = dict(mode="slotted", max_new_tokens=G, slot_size=S, slot_threshold=0.5, token_threshold=0.5,
-                temperature=temperature, prompt_bucket=8, stop_at_eos=False)
-    bounded = generate(tiny_params, tiny_config, PROMPTS,
-                       GenerationConfig(serial_num_blocks=1, max_block_size=S, **base), jax.random.PRNGKey(3))
+    base = GenerationConfig(mode=Slotted(slot_size=S, slot_threshold=0.5, token_threshold=0.5), max_new_tokens=G,
+                            temperature=temperature, prompt_bucket=8, stop_at_eos=False)
+    bounded = generate(peaked_params, tiny_config, PROMPTS,
+                       base.with_knobs(serial_num_blocks=1, max_block_size=S), jax.random.PRNGKey(3))
     assert bounded.stats["num_blocks"] == G // S and bounded.stats["block_size"] == S
-    reference = generate(tiny_params, tiny_config, PROMPTS,
-                         GenerationConfig(serial_num_blocks=G // S, max_block_size=G, **base), jax.random.PRNGKey(3))
+    reference = generate(peaked_params, tiny_config, PROMPTS,
+                         base.with_knobs(serial_num_blocks=G // S, max_block_size=G), jax.random.PRNGKey(3))
     np.testing.assert_array_equal(bounded.tokens, reference.tokens)
     np.testing.assert_array_equal(bounded.num_forward_passes, reference.num_forward_passes)
 
 
 @pytest.mark.parametrize("kwargs,prompts,match", [
-    (dict(mode="slotted", slot_size=32, max_new_tokens=16), [[1]], "slot_size=32"),
-    (dict(mode="slotted", token_threshold=1.5), [[1]], "token_threshold=1.5"),
-    (dict(mode="slotted", slot_size=8, max_block_size=4), [[1]], "max_block_size=4"),
-    (dict(mode="slotted", slot_threshold=-0.1), [[1]], "slot_threshold=-0.1"),
-    (dict(mode="beam"), [[1]], "mode='beam'"),
-    (dict(max_new_tokens=0), [[1]], "max_new_tokens=0"),
+    (dict(mode=Slotted(slot_size=32), max_new_tokens=16), [[1]],
+     "knobs.slotted.slot_size=32 does not fit max_new_tokens=16"),
+    (dict(mode=Slotted(token_threshold=1.5)), [[1]], r"knobs.slotted.token_threshold=1.5: expected a value in \[0, 1\]"),
+    (dict(mode=Slotted(slot_size=8, max_block_size=4)), [[1]], "slot_size=8 does not fit max_block_size=4"),
+    (dict(mode=Slotted(slot_threshold=-0.1)), [[1]], "knobs.slotted.slot_threshold=-0.1: expected"),
+    (dict(mode=Slotted(serial_num_blocks=0)), [[1]], "knobs.slotted.serial_num_blocks=0: expected an integer ≥ 1"),
+    (dict(mode=Slotted(ar_infill=1)), [[1]], "knobs.slotted.ar_infill=1: expected true or false"),
+    (dict(max_new_tokens=0), [[1]], "GenerationConfig.max_new_tokens=0"),
     (dict(max_new_tokens=500), [[1] * 20], "max_position_embeddings=512"),
     (dict(), [[1, 2], []], r"prompts\[1\] is empty"),
     (dict(), [], "non-empty list"),
     (dict(), [[1, 999]], "token id 999"),
-    (dict(mode="mdm", temperature=-1.0), [[1]], "temperature=-1.0"),
-    (dict(mode="ar", top_p=0.0), [[1]], "top_p=0.0"),
+    (dict(mode="mdm", temperature=-1.0), [[1]], "GenerationConfig.temperature=-1.0"),
+    (dict(mode="ar", top_p=0.0), [[1]], "GenerationConfig.top_p=0.0"),
 ])
-def test_bad_input_raises_before_compiling(kwargs, prompts, match, tiny_config, tiny_params):
+def test_bad_input_raises_before_compiling(kwargs, prompts, match, tiny_config, peaked_params):
     from zarya_jax.sampling.generate import TRACE_COUNTS
 
     before = sum(TRACE_COUNTS.values())
     with pytest.raises(ValueError, match=match):
-        generate(tiny_params, tiny_config, prompts, GenerationConfig(**kwargs), jax.random.PRNGKey(0))
+        generate(peaked_params, tiny_config, prompts, GenerationConfig(**kwargs), jax.random.PRNGKey(0))
     assert sum(TRACE_COUNTS.values()) == before
 
 
-def test_routing_by_slotted_generation():
-    assert GenerationConfig(slotted_generation=True).resolved_mode == "slotted"
-    assert GenerationConfig(slotted_generation=False).resolved_mode == "mdm"
-    assert GenerationConfig(mode="ar", slotted_generation=True).resolved_mode == "ar"
-    hash(GenerationConfig())
+def test_mode_by_name():
+    """A mode's name is its default knobs; an unknown name or knob is refused naming the valid ones."""
+    assert GenerationConfig(mode="slotted").mode == Slotted()
+    assert GenerationConfig().mode.name == "ar"
+    assert GenerationConfig(mode="slotted").with_knobs(slot_size=4, top_k=3) == GenerationConfig(
+        mode=Slotted(slot_size=4), top_k=3)
+    with pytest.raises(ValueError, match=r"mode 'beam': unknown; expected one of \['ar', 'mdm', 'slotted'"):
+        GenerationConfig(mode="beam")
+    with pytest.raises(ValueError, match=r"not a field of mode 'slotted' \(\['slot_size'.*nor a shared"):
+        GenerationConfig(mode="slotted").with_knobs(draft_length=4)
+    hash(GenerationConfig(mode="slotted"))
 
 
-def test_parallel_infill_equals_per_slot_recompute(run_one_slot, tiny_config, tiny_params):
+def test_parallel_infill_equals_per_slot_recompute(run_one_slot, tiny_config, peaked_params):
     """τs = 0 and τt = 1 (no drafted token passes on its own, so every plan goes to infill with all its
     slots): several slots are infilled in one pass with the slot-local mask; each slot's
     logits equal a full forward over the committed text plus that slot alone. Checked up to the end of
@@ -184,8 +192,8 @@ def test_parallel_infill_equals_per_slot_recompute(run_one_slot, tiny_config, ti
     from zarya_jax.sampling.generate import TRACE_COUNTS
 
     traces = TRACE_COUNTS["slotted"]
-    gc = run_one_slot[0].replace(slot_threshold=0.0, token_threshold=1.0)
-    out = generate(tiny_params, tiny_config, PROMPTS, gc, jax.random.PRNGKey(6), debug=True)
+    gc = run_one_slot[0].with_knobs(slot_threshold=0.0, token_threshold=1.0)
+    out = generate(peaked_params, tiny_config, PROMPTS, gc, jax.random.PRNGKey(6), debug=True)
     assert TRACE_COUNTS["slotted"] == traces  # thresholds are traced: a sweep reuses the program
     st = out.stats
     tr = st["trace"]
@@ -210,18 +218,18 @@ def test_parallel_infill_equals_per_slot_recompute(run_one_slot, tiny_config, ti
         return slot_ids if local[n, b] else np.zeros_like(slot_ids)
 
     raw = st["raw_physical"]
-    check_against_full_forward(tiny_params, tiny_config, tr, raw["physical_tokens"], raw["physical_positions"],
+    check_against_full_forward(peaked_params, tiny_config, tr, raw["physical_tokens"], raw["physical_positions"],
                                groups_of, select=lambda n, b: n <= last[b])
     assert np.all(out.lengths == G) and not np.any(out.tokens == tiny_config.mask_token_id)
 
 
-def test_eos_found_during_infill(run_tau_zero, tiny_config, tiny_params):
+def test_eos_found_during_infill(run_tau_zero, tiny_config, peaked_params):
     """τt = 1: only a slot's first token passes verification, everything else goes through infill.
     EOS (the model's most frequent token) is accepted as a first token or during infill: the text is
     cut after it, the slots after it are dropped, and the committed positions are exactly the
     prompt + generated ones."""
-    gc = run_tau_zero[0].replace(token_threshold=1.0)
-    out = generate(tiny_params, tiny_config, PROMPTS, gc, jax.random.PRNGKey(7), debug=True)
+    gc = run_tau_zero[0].with_knobs(token_threshold=1.0)
+    out = generate(peaked_params, tiny_config, PROMPTS, gc, jax.random.PRNGKey(7), debug=True)
     st = out.stats
     hit = 0
     for b, prompt in enumerate(PROMPTS):
@@ -237,20 +245,20 @@ def test_eos_found_during_infill(run_tau_zero, tiny_config, tiny_params):
 
 
 @pytest.fixture(scope="module")
-def ar_reference(tiny_config, tiny_params):
+def ar_reference(tiny_config, peaked_params):
     gc = GenerationConfig(mode="ar", max_new_tokens=G, eos_token_id=20, prompt_bucket=8)
-    return generate(tiny_params, tiny_config, PROMPTS + [[7] * 7 + [1]], gc, jax.random.PRNGKey(0))
+    return generate(peaked_params, tiny_config, PROMPTS + [[7] * 7 + [1]], gc, jax.random.PRNGKey(0))
 
 
 @pytest.mark.parametrize("slot_size,token_threshold", [(2, 0.5), (4, 0.9), (8, 0.99)])
 def test_ar_corrections_with_one_slot_blocks_equal_ar(slot_size, token_threshold, ar_reference, tiny_config,
-                                                      tiny_params):
+                                                      peaked_params):
     """Both AR corrections on and NB·S = G (every slot directly follows committed text): every committed
     token is AR's own choice or passed τt ≥ 0.5, so greedy mode B reproduces AR token for token; each
     correction alone does not (the random model's MDM drafts are poor)."""
-    gc = GenerationConfig(mode="slotted", max_new_tokens=G, slot_size=slot_size, serial_num_blocks=G // slot_size,
-                          token_threshold=token_threshold, ar_infill=True, ar_first_token=True, eos_token_id=20,
-                          prompt_bucket=8)
+    gc = GenerationConfig(mode=Slotted(slot_size=slot_size, serial_num_blocks=G // slot_size,
+                                       token_threshold=token_threshold, ar_infill=True, ar_first_token=True),
+                          max_new_tokens=G, eos_token_id=20, prompt_bucket=8)
     prompts = PROMPTS + [[7] * 7 + [1]]
     ar = ar_reference
 
@@ -258,21 +266,22 @@ def test_ar_corrections_with_one_slot_blocks_equal_ar(slot_size, token_threshold
         return [np.array_equal(ar.tokens[i, :ar.lengths[i]], out.tokens[i, :out.lengths[i]])
                 for i in range(len(prompts))]
 
-    out = generate(tiny_params, tiny_config, prompts, gc, jax.random.PRNGKey(1), debug=True)
+    out = generate(peaked_params, tiny_config, prompts, gc, jax.random.PRNGKey(1), debug=True)
     assert all(same(out))
     # every cached pass (corrected tokens included) equals a full recompute of what it saw
     raw = out.stats["raw_physical"]
-    check_against_full_forward(tiny_params, tiny_config, out.stats["trace"], raw["physical_tokens"],
+    check_against_full_forward(peaked_params, tiny_config, out.stats["trace"], raw["physical_tokens"],
                                raw["physical_positions"])
     for flags in (dict(ar_first_token=False), dict(ar_infill=False)):
-        assert not all(same(generate(tiny_params, tiny_config, prompts, gc.replace(**flags), jax.random.PRNGKey(1))))
+        assert not all(same(generate(peaked_params, tiny_config, prompts, gc.with_knobs(**flags),
+                                     jax.random.PRNGKey(1))))
 
 
-def test_ar_corrections_several_slots_and_eos(run_tau_zero, tiny_config, tiny_params):
+def test_ar_corrections_several_slots_and_eos(run_tau_zero, tiny_config, peaked_params):
     """Corrections with several slots per plan (τs = 0) and infill (τt = 1): the layout stays a
     permutation of the prompt + generated positions, no mask is left, EOS cuts its row."""
-    gc = run_tau_zero[0].replace(token_threshold=1.0, ar_infill=True, ar_first_token=True)
-    out = generate(tiny_params, tiny_config, PROMPTS, gc, jax.random.PRNGKey(7), debug=True)
+    gc = run_tau_zero[0].with_knobs(token_threshold=1.0, ar_infill=True, ar_first_token=True)
+    out = generate(peaked_params, tiny_config, PROMPTS, gc, jax.random.PRNGKey(7), debug=True)
     st = out.stats
     phases = np.asarray(st["trace"]["phase"])
     assert np.any(phases == INFILL_VERIFY)

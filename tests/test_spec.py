@@ -11,7 +11,7 @@ from zarya_jax import lora as lora_lib
 from zarya_jax import model as model_lib
 from zarya_jax.config import LoraConfig
 from zarya_jax.nn import kv_cache, masks
-from zarya_jax.sampling import GenerationConfig, generate, pad_prompts, spec
+from zarya_jax.sampling import GenerationConfig, generate, mode, pad_prompts, spec
 from zarya_jax.testing import UNO_CONFIG as CFG, UNO_LORA as LORA, synthetic_tokens
 from zarya_jax.testing import uno_adapters as adapters, uno_random_params as random_model
 from zarya_jax.testing import uno_trained_params as trained_model
@@ -91,8 +91,9 @@ def test_greedy_identical_to_ar(model, drafter, f, adapter, passes):
         eos = int(generate(params, CFG, prompts, base.replace(stop_at_eos=False), jax.random.PRNGKey(0)).tokens[0, 2])
         base = base.replace(eos_token_id=eos)
     ref = generate(params, CFG, prompts, base, jax.random.PRNGKey(0))
-    out = generate(params, CFG, prompts, base.replace(mode="spec", draft_length=f, drafter=drafter,
-                                                      draft_passes=passes), jax.random.PRNGKey(1), lora_params=lp, lora=LORA)
+    knobs = dict(draft_length=f, **({"draft_passes": passes} if drafter == "lora" else {}))
+    out = generate(params, CFG, prompts, base.replace(mode=mode(f"spec-{drafter}", **knobs)), jax.random.PRNGKey(1),
+                   lora_params=lp, lora=LORA)
     np.testing.assert_array_equal(out.lengths, ref.lengths)
     np.testing.assert_array_equal(out.tokens, ref.tokens)
     st = out.stats
@@ -120,12 +121,12 @@ def test_draft_when_active_below_greedy_identical_to_ar(below):
     eos = int(generate(params, CFG, prompts, base.replace(stop_at_eos=False), jax.random.PRNGKey(0)).tokens[0, 2])
     base = base.replace(eos_token_id=eos)
     ref = generate(params, CFG, prompts, base, jax.random.PRNGKey(0))
-    gc = base.replace(mode="spec", draft_length=5, drafter="lora", draft_when_active_below=below)
+    gc = base.replace(mode=spec.SpecLora(draft_length=5, draft_when_active_below=below))
     out = generate(params, CFG, prompts, gc, jax.random.PRNGKey(1), lora_params=lp, lora=LORA)
-    traces = generate_lib.TRACE_COUNTS["spec"]
-    again = generate(params, CFG, prompts, gc.replace(draft_when_active_below=0.3), jax.random.PRNGKey(1),
+    traces = generate_lib.TRACE_COUNTS["spec-lora"]
+    again = generate(params, CFG, prompts, gc.with_knobs(draft_when_active_below=0.3), jax.random.PRNGKey(1),
                      lora_params=lp, lora=LORA)
-    assert generate_lib.TRACE_COUNTS["spec"] == traces  # the threshold is traced
+    assert generate_lib.TRACE_COUNTS["spec-lora"] == traces  # the threshold is traced
     for o in (out, again):
         np.testing.assert_array_equal(o.lengths, ref.lengths)
         np.testing.assert_array_equal(o.tokens, ref.tokens)
@@ -145,10 +146,14 @@ def test_draft_when_active_below_greedy_identical_to_ar(below):
 
 def test_draft_when_active_below_refuses_bad_values():
     for bad in (-0.1, 1.5, float("nan"), True):
-        with pytest.raises(ValueError, match="draft_when_active_below"):
-            GenerationConfig(mode="spec", draft_when_active_below=bad).validate()
-    with pytest.raises(ValueError, match="fused"):
-        GenerationConfig(mode="spec", drafter="self", fused=True, draft_when_active_below=0.5).validate()
+        with pytest.raises(ValueError, match=f"knobs.spec-lora.draft_when_active_below={bad!r}: expected a fraction"):
+            GenerationConfig(mode=spec.SpecLora(draft_when_active_below=bad)).validate()
+    for name in ("spec-self-fused", "spec-model"):  # loops that draft every cycle have no such knob
+        with pytest.raises(ValueError, match=f"not a field of mode '{name}'"):
+            GenerationConfig(mode=name).with_knobs(draft_when_active_below=0.5)
+    for field in ("draft_length", "draft_passes"):
+        with pytest.raises(ValueError, match=f"knobs.spec-lora.{field}=0: expected an integer ≥ 1"):
+            GenerationConfig(mode=spec.SpecLora(**{field: 0})).validate()
 
 
 POISONS = {"nan": (np.nan, 4.0), "inf": (np.inf, 4.0), "huge": (1e30, 4.0), "nan-alpha": (0.01, float("nan"))}
@@ -163,7 +168,7 @@ def test_poisoned_adapter_cannot_change_the_output():
     ref = generate(params, CFG, prompts, base, jax.random.PRNGKey(0))
     for name, (value, alpha) in POISONS.items():
         poisoned = jax.tree.map(lambda x: jnp.full_like(x, value), lp)
-        out = generate(params, CFG, prompts, base.replace(mode="spec", draft_length=3), jax.random.PRNGKey(1),
+        out = generate(params, CFG, prompts, base.replace(mode=spec.SpecLora(draft_length=3)), jax.random.PRNGKey(1),
                        lora_params=poisoned, lora=dataclasses.replace(LORA, alpha=alpha))
         np.testing.assert_array_equal(out.tokens, ref.tokens, err_msg=name)
         np.testing.assert_array_equal(out.lengths, ref.lengths, err_msg=name)
@@ -181,7 +186,7 @@ def test_trained_drafter_accepts_more():
     lengths = rng.integers(3, 15, 32)
     rows = synthetic_tokens(rng, len(lengths), 15)
     prompts = [list(map(int, r[:n])) for r, n in zip(rows, lengths)]
-    gc = GenerationConfig(mode="spec", max_new_tokens=10, draft_length=5, stop_at_eos=False)
+    gc = GenerationConfig(mode=spec.SpecLora(draft_length=5), max_new_tokens=10, stop_at_eos=False)
     acc = {name: generate(params, CFG, prompts, gc, jax.random.PRNGKey(2), lora_params=lp, lora=LORA).stats
            for name, lp in (("untrained", untrained), ("trained", trained))}
     assert acc["trained"]["accepted_per_cycle"] > acc["untrained"]["accepted_per_cycle"] + 0.2, acc
@@ -230,7 +235,7 @@ def test_mask_noise_adapter_round_trips_and_drafts_with_masks(tmp_path):
     m = np.asarray([accepted_drafts(p) for p in prompts])
     j = np.arange(f)[:, None]
     want = ((j <= m).sum(1) / np.maximum((j <= np.minimum(m + 1, f - 1)).sum(1), 1)).tolist()
-    gc = GenerationConfig(mode="spec", max_new_tokens=2, draft_length=f, stop_at_eos=False)
+    gc = GenerationConfig(mode=spec.SpecLora(draft_length=f), max_new_tokens=2, stop_at_eos=False)
     got = generate(params, CFG, prompts, gc, jax.random.PRNGKey(1), lora_params=lp, lora=loaded).stats
     assert got["accepted_per_cycle"] == pytest.approx(1 + m.mean())
     np.testing.assert_allclose(got["acceptance_by_position"], want)
@@ -269,7 +274,7 @@ def test_each_noise_convention_accepts_at_its_exact_rate():
     assert exact["uniform"] - exact["mask"] > 0.2, exact  # 0.36 vs 0.02: far apart, whatever the CPU's rounding
 
     n = 20_000
-    gc = GenerationConfig(mode="spec", max_new_tokens=2, temperature=1.0, draft_length=2, stop_at_eos=False)
+    gc = GenerationConfig(mode=spec.SpecLora(draft_length=2), max_new_tokens=2, temperature=1.0, stop_at_eos=False)
     for noise, want in exact.items():
         st = generate(params, SMALL, [prompt] * n, gc, jax.random.PRNGKey(23), lora_params=lp,
                       lora=dataclasses.replace(uniform, noise=noise)).stats
@@ -284,7 +289,7 @@ def test_cache_after_each_cycle_equals_ar_recompute():
     lp = jax.tree.map(lambda x: x + 0.1, lp)  # a drafter unlike the AR model: varied acceptance
     prompts = _prompts(False)
     # EOS is an ordinary token here: a row that stopped at EOS keeps verified tokens past it in its cache
-    gc = GenerationConfig(mode="spec", max_new_tokens=24, draft_length=5, temperature=1.0, stop_at_eos=False)
+    gc = GenerationConfig(mode=spec.SpecLora(draft_length=5), max_new_tokens=24, temperature=1.0, stop_at_eos=False)
     tokens, lengths = pad_prompts(prompts, gc.prompt_bucket, CFG.pad_token_id)
     p_width = tokens.shape[1]
 
@@ -334,8 +339,8 @@ def test_first_two_tokens_joint_distribution(drafter, passes, below):
 
     n = 60_000
     eos = None if below is None else int(np.argmax(exact.sum(1)))  # the likeliest first token ends its row
-    gc = GenerationConfig(mode="spec", max_new_tokens=2, temperature=1.0, draft_length=3, drafter=drafter,
-                          draft_passes=passes, eos_token_id=eos)
+    knobs = dict(draft_length=3, **({"draft_passes": passes} if drafter == "lora" else {}))
+    gc = GenerationConfig(mode=mode(f"spec-{drafter}", **knobs), max_new_tokens=2, temperature=1.0, eos_token_id=eos)
     tokens = jnp.broadcast_to(jnp.asarray(prompt, jnp.int32), (n, len(prompt)))
     raw = spec.spec_decode(params, lp if drafter == "lora" else None, tokens, jnp.full((n,), len(prompt), jnp.int32),
                            jax.random.PRNGKey(13), jnp.int32(2), None if below is None else jnp.float32(below),

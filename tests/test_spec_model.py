@@ -1,4 +1,4 @@
-"""Speculative sampling with an independent draft model (docs/algorithms.md §7.6, `drafter="model"`): greedy
+"""Speculative sampling with an independent draft model (docs/algorithms.md §7.6, mode "spec-model"): greedy
 identity with the AR sampler, the exact two-token distribution, both caches against a full recompute,
 log-probabilities against a teacher-forced forward, and the draft model checked at the edge."""
 import jax
@@ -9,6 +9,7 @@ import pytest
 from zarya_jax import model as model_lib
 from zarya_jax.nn import kv_cache, masks
 from zarya_jax.sampling import GenerationConfig, generate, pad_prompts, spec_model
+from zarya_jax.sampling.spec_model import SpecModel
 from zarya_jax.sampling.primitives import token_logprob
 from zarya_jax.testing import SPEC_SMALL, UNO_CONFIG as CFG, ragged_prompts, sharp_params
 from zarya_jax.testing import two_token_distribution, two_token_tv
@@ -53,7 +54,7 @@ def test_greedy_identical_to_ar(model, draft, f):
         eos = int(generate(params, CFG, prompts, base.replace(stop_at_eos=False), jax.random.PRNGKey(0)).tokens[0, 2])
         base = base.replace(eos_token_id=eos)
     ref = generate(params, CFG, prompts, base, jax.random.PRNGKey(0))
-    out = generate(params, CFG, prompts, base.replace(mode="spec", drafter="model", draft_length=f),
+    out = generate(params, CFG, prompts, base.replace(mode=SpecModel(draft_length=f)),
                    jax.random.PRNGKey(1), draft_params=dp, draft_config=dcfg)
     np.testing.assert_array_equal(out.lengths, ref.lengths)
     np.testing.assert_array_equal(out.tokens, ref.tokens)
@@ -79,7 +80,7 @@ def test_first_two_tokens_joint_distribution():
     params, draft = sharp_params(SPEC_SMALL, 11), sharp_params(SPEC_SMALL, 31)
     prompt, v, n = [1, 2, 3, 4], 7, 60_000  # the mask token (id 7) is never sampled
     exact = two_token_distribution(params, SPEC_SMALL, prompt, v)
-    gc = GenerationConfig(mode="spec", drafter="model", max_new_tokens=2, temperature=1.0, draft_length=3)
+    gc = GenerationConfig(mode=SpecModel(draft_length=3), max_new_tokens=2, temperature=1.0)
     tokens = jnp.broadcast_to(jnp.asarray(prompt, jnp.int32), (n, len(prompt)))
     raw = spec_model.spec_model_decode(params, draft, tokens, jnp.full((n,), len(prompt), jnp.int32),
                                        jax.random.PRNGKey(13), jnp.int32(2), config=SPEC_SMALL,
@@ -99,7 +100,7 @@ def test_caches_after_each_cycle_equal_a_recompute():
     params = random_model()
     dp = _perturbed(params, 0.05, 6)
     prompts = _prompts(False)
-    gc = GenerationConfig(mode="spec", drafter="model", max_new_tokens=24, draft_length=4, temperature=1.0,
+    gc = GenerationConfig(mode=SpecModel(draft_length=4), max_new_tokens=24, temperature=1.0,
                           stop_at_eos=False)
     tokens, lengths = pad_prompts(prompts, gc.prompt_bucket, CFG.pad_token_id)
     b, width = len(prompts), tokens.shape[1] + 24
@@ -138,7 +139,7 @@ def test_logprobs_match_a_teacher_forced_forward(temperature):
     params = random_model()
     dp, dcfg = _draft("small", params) if temperature else (_perturbed(params, 0.05, 6), CFG)
     prompts = _prompts(False)
-    gc = GenerationConfig(mode="spec", drafter="model", max_new_tokens=16, draft_length=3, temperature=temperature,
+    gc = GenerationConfig(mode=SpecModel(draft_length=3), max_new_tokens=16, temperature=temperature,
                           eos_token_id=5)
     out = generate(params, CFG, prompts, gc, jax.random.PRNGKey(3), draft_params=dp, draft_config=dcfg)
     forward = jax.jit(lambda t: model_lib.forward(params, CFG, t))
@@ -156,10 +157,10 @@ def test_bad_draft_models_are_refused():
     config: a ValueError naming the problem, before anything is compiled."""
     params = random_model()
     dp = jax.jit(model_lib.init_params, static_argnums=0)(DRAFT_CFG, jax.random.PRNGKey(5))
-    gc = GenerationConfig(mode="spec", drafter="model", max_new_tokens=4, draft_length=2)
+    gc = GenerationConfig(mode=SpecModel(draft_length=2), max_new_tokens=4)
     prompts = [[1, 2, 3]]
     key = jax.random.PRNGKey(0)
-    with pytest.raises(ValueError, match="needs the draft model"):
+    with pytest.raises(ValueError, match="mode 'spec-model' needs the draft model"):
         generate(params, CFG, prompts, gc, key)
     with pytest.raises(ValueError, match="needs the draft model"):
         generate(params, CFG, prompts, gc, key, draft_params=dp)
@@ -174,5 +175,7 @@ def test_bad_draft_models_are_refused():
         generate(params, CFG, prompts, gc, key, draft_params=dp, draft_config={"vocab_size": 264})
     with pytest.raises(ValueError):  # the params of another config: the shape error names the param
         generate(params, CFG, prompts, gc, key, draft_params=params, draft_config=DRAFT_CFG)
-    with pytest.raises(ValueError, match="drafter="):
-        GenerationConfig(mode="spec", drafter="models").validate()
+    with pytest.raises(ValueError, match=r"mode 'spec-models': unknown; expected one of \['ar'"):
+        GenerationConfig(mode="spec-models")
+    with pytest.raises(ValueError, match="knobs.spec-model.draft_length=0: expected an integer ≥ 1"):
+        GenerationConfig(mode=SpecModel(draft_length=0)).validate()

@@ -53,6 +53,13 @@ def test_overrides_are_validated(tmp_path, capsys):
     assert code == 2 and "unknown config key 'zaria.alpha0'" in err
     code, _, err = _dry_run(tmp_path, capsys, {"runs": [{"name": "r", "eval.knobs.slotted.slot_size": "big"}]})
     assert code == 2 and "eval.knobs.slotted.slot_size='big': expected an integer" in err
+    # the drafter's and the draft model's optimizers are keys of their own sections; a former flat key is an
+    # error naming its new place (no alias)
+    code, lines, _ = _dry_run(tmp_path, capsys, {"runs": [{"name": "r", "drafter.optim.weight_decay": 0.1,
+                                                           "draft_model.optim.lr": 1e-4}]})
+    assert code == 0 and lines == ["r: {'draft_model.optim.lr': 0.0001, 'drafter.optim.weight_decay': 0.1}"]
+    code, _, err = _dry_run(tmp_path, capsys, {"runs": [{"name": "r", "drafter.lr": 1e-3}]})
+    assert code == 2 and "'drafter.lr' has moved: it is now 'drafter.optim.lr'" in err
 
 
 def test_shipped_sweep_parses(tmp_path, capsys):
@@ -138,7 +145,7 @@ def test_uno_sweep_smoke_one_frozen_base(tmp_path, capsys):
     finetuned = [line for line in lines if line.startswith("shifted-finetuned-base:")]
     assert len(finetuned) == 1 and f"'train.init_from': '{base_ckpt}'" in finetuned[0]
     assert all(f"'eval.ckpt': '{base_ckpt}'" in line for line in lines[1:] if line not in finetuned)
-    assert any("'drafter.objective': 'dcd'" in line for line in lines)
+    assert any("'drafter.objective.objective': 'dcd'" in line for line in lines)
     assert any("'eval.modes': ('ar', 'spec-model')" in line for line in lines)
     smoke = {k: v for k, v in SMOKE.items() if not k.startswith(("eval.knobs", "frontier"))}
     spec = {"name": "uno-smoke",

@@ -11,7 +11,7 @@ import pytest
 
 from zarya_jax.data.tokenizer import ByteTokenizer
 from zarya_jax.rl.tunix_rollout import RolloutOutput, ZaryaRollout
-from zarya_jax.sampling import GenerationConfig, generate
+from zarya_jax.sampling import GenerationConfig, generate, modes
 from zarya_jax.testing import UNO_CONFIG as CFG, uno_trained_params
 
 # tunix 0.1.7, tunix/rl/rollout/base_rollout.py: BaseRollout's abstract methods and their parameters
@@ -36,8 +36,8 @@ def test_interface_is_tunix_base_rollout():
     assert list(RolloutOutput.__dataclass_fields__) == OUTPUT_FIELDS
 
 
-@pytest.mark.parametrize("gc", [GenerationConfig(mode="ar"), GenerationConfig(mode="spec", drafter="self",
-                                                                            draft_length=3)])
+@pytest.mark.parametrize("gc", [GenerationConfig(mode="ar"),
+                                GenerationConfig(mode=modes.mode("spec-self", draft_length=3))])
 def test_rollouts_and_their_logprobs(gc):
     params, tok = uno_trained_params(), ByteTokenizer()
     engine = ZaryaRollout(params, CFG, tok, gc)
@@ -77,8 +77,9 @@ def test_update_params_and_ids():
 
 
 def test_refuses_off_policy_modes_and_several_eos():
-    with pytest.raises(ValueError, match="not on-policy"):
-        ZaryaRollout({}, CFG, ByteTokenizer(), GenerationConfig(mode="slotted"))
+    for off in ("mdm", "slotted"):
+        with pytest.raises(ValueError, match=f"mode='{off}'.*not on-policy"):
+            ZaryaRollout({}, CFG, ByteTokenizer(), GenerationConfig(mode=off))
     engine = ZaryaRollout(uno_trained_params(), CFG, ByteTokenizer())
     with pytest.raises(ValueError, match="eos_tokens"):
         engine.generate(["a"], rollout_config(eos_tokens=[1, 2]))

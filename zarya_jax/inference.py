@@ -1,20 +1,33 @@
-"""Loading a checkpoint for inference: one function every command, the experiment pipeline and the
-lm-eval adapter share (`load_for_inference`), so each reads a checkpoint the same way.
+"""The Python front door: a checkpoint loaded for inference (`load_for_inference`, the one loader every
+command, the experiment pipeline and the lm-eval adapter share, so each reads a checkpoint the same
+way) and a `Sampler` that decodes text in any mode, in the manner of gemma's `gm.text.Sampler`:
+
+    from zarya_jax import Sampler, load_for_inference
+    from zarya_jax.sampling import GenerationConfig
+
+    sampler = Sampler(load_for_inference("runs/quickstart/train/final"), GenerationConfig(mode="slotted"))
+    sampler.sample(["What is 12+7?"]).texts
 
 It reads nothing of the trainer: only the checkpoint (`nn.checkpoint`), its tokenizer
-(`data.tokenizer`), a LoRA adapter (`nn.lora`) and a draft model (another checkpoint).
+(`data.tokenizer`), the prompt format its training recorded (`data.render`), a LoRA adapter (`nn.lora`)
+and a draft model (another checkpoint); `sampling.generate` decodes.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
+
+import jax
+import numpy as np
 
 from . import overrides as ov
 from .config import ConfigError, LoraConfig, ModelConfig, PromptFormat
+from .data.render import render_prompt
 from .data.tokenizer import load_tokenizer
 from .nn import checkpoint as ckpt_lib
 from .nn import lora as lora_lib
+from .sampling import GenerationConfig, GenerationOutput, generate
 from .sampling.spec_model import check_compatible
 
 
@@ -24,7 +37,7 @@ class Inference:
     it came from (`tokenizer_spec`: 'byte' or a directory, what `data.tokenizer` takes), the
     `prompt_format` its training recorded (with any overrides), an optional LoRA drafter (`adapter`
     with its `lora` config, checked against the model) and an optional draft model (`draft_params`
-    with its `draft_config`, reading the model's ids) for `drafter="model"`."""
+    with its `draft_config`, reading the model's ids) for mode "spec-model"."""
 
     ckpt: str
     params: Any
@@ -105,3 +118,99 @@ def load_for_inference(ckpt: str, *, tokenizer: str | None = None, adapter: str 
     model = Inference(ckpt=os.path.abspath(ckpt), params=params, config=config, tokenizer=tok, tokenizer_spec=spec,
                       prompt_format=fmt, adapter=lora_params, lora=lora)
     return model.with_draft_model(draft, verify=verify, mesh=mesh) if draft else model
+
+
+# ------------------------------------------------------------------ the front door
+@dataclasses.dataclass(frozen=True)
+class SampleOutput:
+    """What `Sampler.sample` returns, one entry per prompt, in order.
+
+    texts: the continuations (the prompt excluded), decoded from `tokens`.
+    tokens: their token ids, the first EOS included (`GenerationOutput.lengths`).
+    logprobs: float32 arrays, log p of each of those tokens under the AR model (`GenerationOutput.logprobs`),
+      for the modes that have them ("ar" and "spec-*"); None for "mdm" and "slotted".
+    prompt_tokens: the ids the model read: each prompt rendered in the checkpoint's prompt format.
+    stats: `generate`'s batch statistics ("mode", "mean_tokens_per_forward", the mode's own).
+    output: the `GenerationOutput` itself (per-row forward passes and tokens per forward).
+    """
+
+    texts: list[str]
+    tokens: list[list[int]]
+    logprobs: list[np.ndarray] | None
+    prompt_tokens: list[list[int]]
+    stats: dict
+    output: GenerationOutput
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampler:
+    """Decodes prompt texts with `model` (an `Inference`, from `load_for_inference`) in the decoding mode
+    and with the knobs of `config` (a `GenerationConfig`, e.g. `GenerationConfig(mode="spec-lora",
+    max_new_tokens=32)`): each prompt rendered as the checkpoint's training prompts were (its recorded
+    prompt format: chat template, system message, template) and tokenized with its tokenizer, all of
+    them decoded in one `sampling.generate` call (one batch), the adapter or the draft model the
+    `Inference` holds passed to the modes that draft with them ("spec-lora" and "spec-lora-fused": an
+    adapter, `load_for_inference(ckpt, adapter=DIR)`; "spec-model": a draft model,
+    `load_for_inference(ckpt, draft=CKPT)`). Construction checks the config against the model and
+    that the drafter the mode needs is there (ValueError naming what is missing)."""
+
+    model: Inference
+    config: GenerationConfig = GenerationConfig()
+
+    def __post_init__(self):
+        if not isinstance(self.model, Inference):
+            raise ConfigError(f"Sampler: model is a {type(self.model).__name__}: expected an Inference "
+                              "(zarya_jax.load_for_inference(ckpt))")
+        if not isinstance(self.config, GenerationConfig):
+            raise ConfigError(f"Sampler: config is a {type(self.config).__name__}: expected a "
+                              "zarya_jax.sampling.GenerationConfig")
+        self.config.validate(self.model.config)
+        name, drafter = self.config.mode.name, self.drafter
+        if drafter == "lora" and self.model.adapter is None:
+            raise ConfigError(f"mode {name!r} drafts with a LoRA adapter, and {self.model.ckpt} was loaded "
+                              "without one: load_for_inference(ckpt, adapter=DIR)")
+        if drafter == "model" and self.model.draft_params is None:
+            raise ConfigError(f"mode {name!r} drafts with a draft model, and {self.model.ckpt} was loaded "
+                              "without one: load_for_inference(ckpt, draft=CKPT)")
+
+    @property
+    def drafter(self) -> str | None:
+        """What the mode drafts with: "self", "lora" (the `Inference`'s adapter), "model" (its draft model),
+        or None (modes that do not draft)."""
+        return getattr(self.config.mode, "drafter", None)
+
+    def encode(self, texts: str | Sequence[str]) -> list[list[int]]:
+        """The token ids the model reads for each prompt text (rendered in the checkpoint's prompt format)."""
+        tokenizer, fmt = self.model.tokenizer, self.model.prompt_format
+        return [tokenizer.encode(render_prompt(text, tokenizer, fmt)) for text in prompt_texts(texts)]
+
+    def sample(self, texts: str | Sequence[str], *, seed: int = 0) -> SampleOutput:
+        """Continues each of `texts` (a list of prompt strings, or one string) → `SampleOutput`. `seed` seeds
+        the sampling (`jax.random.PRNGKey(seed)`; greedy decoding, temperature 0, does not read it)."""
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2 ** 32:
+            raise ValueError(f"seed={seed!r}: expected an integer in [0, 2^32)")
+        prompts = self.encode(texts)
+        weights = {"lora": self.model.lora_kwargs, "model": self.model.draft_kwargs}.get(self.drafter, {})
+        out = generate(self.model.params, self.model.config, prompts, self.config, jax.random.PRNGKey(seed),
+                       **weights)
+        lengths = [int(n) for n in out.lengths]
+        tokens = [out.tokens[r, :n].tolist() for r, n in enumerate(lengths)]
+        logprobs = None if out.logprobs is None else [out.logprobs[r, :n] for r, n in enumerate(lengths)]
+        return SampleOutput(texts=[self.model.tokenizer.decode(t) for t in tokens], tokens=tokens,
+                            logprobs=logprobs, prompt_tokens=prompts, stats=out.stats, output=out)
+
+
+def prompt_texts(texts: str | Sequence[str]) -> list[str]:
+    """`texts` as a non-empty list of non-empty strings (one string: a list of it); ValueError otherwise."""
+    if isinstance(texts, str):
+        texts = [texts]
+    if not isinstance(texts, (list, tuple)):
+        raise ValueError(f"texts: expected a list of prompt strings (or one string), got a {type(texts).__name__}")
+    if not texts:
+        raise ValueError("texts: expected at least one prompt, got an empty list")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise ValueError(f"texts[{i}]={text!r}: expected a prompt string, got a {type(text).__name__}")
+        if not text:
+            raise ValueError(f"texts[{i}] is empty: expected a non-empty prompt string")
+    return list(texts)

@@ -18,7 +18,12 @@ through this module:
 
 A field may publish another name with `dataclasses.field(metadata={"key": "spec-self"})` (a key that is
 not a Python identifier), and a tree may hold "sparse" dataclasses (`sparse(cls)`: every field optional,
-None = not set) for partial overrides of another config such as per-mode decoding knobs.
+None = not set) for partial overrides of another config such as per-mode decoding knobs. A tree class
+may list the keys it has moved (`MOVED_KEYS = {former key: key now}`): `apply` refuses a former key with an
+error that names its new place, rather than aliasing it. A field typed
+`dict[str, …]` is reached by dotted keys too (`frontier.grid.slotted.slot_size=[4,8]`): a mapping given
+for it is merged into its current value, key by key (new keys last), and the class that holds it checks
+and types what it receives (its `__post_init__`).
 
 Why not draccus or tyro: the configs must stay plain frozen, hashable dataclasses because they are jit
 static arguments (one compile per config); values are YAML, as `--set` has always taken them; the
@@ -78,6 +83,27 @@ def _by_external_name(cls) -> dict[str, dataclasses.Field]:
 
 def _is_config(tp) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _is_mapping(tp) -> bool:
+    """A `dict[...]` / `Mapping[...]` field: its keys are data, reached by dotted keys and merged."""
+    return tp in (dict, Mapping) or typing.get_origin(tp) in (dict, Mapping)
+
+
+def merged(base: Mapping, update: Mapping) -> dict:
+    """`base` with `update` merged into it: nested mappings key by key (a new key last), other values replaced."""
+    out = dict(base)
+    for k, v in update.items():
+        out[k] = merged(out[k], v) if isinstance(out.get(k), Mapping) and isinstance(v, Mapping) else v
+    return out
+
+
+def _leaves(mapping: Mapping, prefix: str) -> list[tuple[str, Any]]:
+    """(dotted key, value) of every non-mapping value of a nested mapping."""
+    out = []
+    for k, v in mapping.items():
+        out += _leaves(v, f"{prefix}{k}.") if isinstance(v, Mapping) else [(f"{prefix}{k}", v)]
+    return out
 
 
 def _optional_inner(tp):
@@ -163,6 +189,8 @@ def keys(cls, prefix: str = "", defaults: Any = None) -> list[tuple[str, str, An
             out.append((name + ".FIELD", f"{getattr(tp, SPARSE).__name__} field", set_ or "-"))
         elif _is_config(tp):
             out += keys(tp, name + ".", default if dataclasses.is_dataclass(default) else None)
+        elif _is_mapping(tp) and isinstance(default, Mapping) and default:  # one row per leaf of the default
+            out += [(k, type(v).__name__, v) for k, v in _leaves(default, name + ".")]
         else:
             out.append((name, type_name(types_[f.name]), default))
     return out
@@ -187,6 +215,14 @@ def _nest(flat: Mapping[str, Any], cls) -> dict[str, Any]:
             f = _by_external_name(node_cls).get(part)
             sub = _optional_inner(field_types(node_cls)[f.name])[0] if f is not None else None
             last = i == len(parts) - 1
+            if not last and f is not None and _is_mapping(sub):  # the rest of the key: keys of the mapping
+                node = node.setdefault(part, {})
+                for key_part in parts[i + 1:-1]:
+                    node = node.setdefault(key_part, {})
+                    if not isinstance(node, dict):
+                        raise ConfigError(f"config key {key!r}: {key_part!r} holds a value, not a mapping")
+                node[parts[-1]] = value
+                break
             if last or not _is_config(sub):
                 leaf = ".".join(parts[i:])
                 if not last and f is not None:  # descending below a leaf field: unknown
@@ -217,6 +253,9 @@ def build(cls, values: Mapping[str, Any], prefix: str = "", *, base: Any = None)
         if _is_config(tp) and isinstance(value, Mapping):
             current = getattr(base, f.name) if base is not None else _default(f)
             kwargs[f.name] = build(tp, value, key + ".", base=current)
+        elif _is_mapping(tp) and isinstance(value, Mapping):
+            current = getattr(base, f.name) if base is not None else _default(f)
+            kwargs[f.name] = merged(current if isinstance(current, Mapping) else {}, value)
         else:
             kwargs[f.name] = coerce(key, value, types_[f.name])
     try:
@@ -239,6 +278,10 @@ def apply(tree: Any, overrides: Iterable[str] | Mapping[str, Any], flag: str = "
     flat = parse_all(overrides, flag)
     if not flat:
         return tree
+    moved = getattr(type(tree), "MOVED_KEYS", {})  # {former key: its key now}: a clear error, never an alias
+    for key, value in flat.items():
+        if key in moved and not isinstance(value, Mapping):
+            raise ConfigError(f"config key {key!r} has moved: it is now {moved[key]!r} (e.g. {moved[key]}={value!r})")
     return build(type(tree), _nest(flat, type(tree)), base=tree)
 
 
@@ -246,6 +289,9 @@ def get(tree: Any, key: str) -> Any:
     """The value at a dotted key (external names) of a dataclass tree."""
     node = tree
     for part in key.split("."):
+        if isinstance(node, Mapping) and part in node:
+            node = node[part]
+            continue
         f = _by_external_name(type(node)).get(part) if dataclasses.is_dataclass(node) else None
         if f is None:
             raise unknown(key, [k for k, _, _ in keys(type(tree))])

@@ -3,7 +3,9 @@ a deterministic synthetic text, small models trained on it in seconds, and rando
 models with their weights copied into our params.
 
 - `TINY`: a byte-tokenizer-sized Qwen3 (2 layers × 64d, vocab 264) with the mask token at 259, EOS at
-  258 and pad at 256; `tiny_config(**changes)` varies it.
+  258 and pad at 256 (`TINY.replace(**changes)` varies it; tests/conftest.py's `tiny_config` fixture is
+  it); `random_params(config, seed)` a model's initial params, built once per process (the
+  `tiny_params` fixture); `normal_params` every leaf standard normal, for file round trips.
 - `synthetic_tokens` / `batch_of`: letter sequences with a per-row stride, x_{i+1} = a + (x_i − a + k)
   mod 26, as a supervised batch.
 - `pretrain_ar`: an AR model on that text (+ an MDM loss on masked copies, so it can self-draft);
@@ -15,7 +17,10 @@ models with their weights copied into our params.
 - `SPEC_SMALL`, `sharp_params`, `two_token_distribution`, `two_token_tv`: the exact-distribution
   check of the speculative samplers (an 8-token model whose first two sampled tokens' exact joint
   distribution is enumerated with full forwards, against a histogram of sampled pairs).
-- `random_hf_model`: a random transformers `Qwen3ForCausalLM` of a `ModelConfig`, and its params.
+- `check_against_full_forward`: every cached pass a sampler recorded (its debug trace) against one full
+  causal forward without a cache (the samplers' reference).
+- `random_torch_model` / `random_hf_model`: a random transformers `Qwen3ForCausalLM` of a `ModelConfig`
+  (and its params).
 - `chat_tokenizer`: a character-level Hugging Face tokenizer with Qwen3's chat template and special
   tokens, saved to a directory (nothing to download), and its vocabulary.
 """
@@ -52,9 +57,22 @@ def write_sum_records(path, count: int, seed: int = 0) -> str:
     return str(path)
 
 
-def tiny_config(**changes) -> ModelConfig:
-    """`TINY` with some fields changed (e.g. `tie_word_embeddings=False`, `hidden_size=128`)."""
-    return TINY.replace(**changes) if changes else TINY
+@functools.cache
+def random_params(config: ModelConfig = TINY, seed: int = 0):
+    """`config`'s initial params from PRNGKey(`seed`) (`nn.model.init_params`, jitted: the op-by-op init is
+    slow on a busy CPU), built once per process and shared: treat them as read-only."""
+    return jax.jit(model_lib.init_params, static_argnums=0)(config, jax.random.PRNGKey(seed))
+
+
+def normal_params(config: ModelConfig = TINY, seed: int = 0):
+    """Params of `config`'s shapes with every leaf standard normal (numpy's `default_rng(seed)`), the norm
+    scales too (an init's are all ones): a file round trip that loses, swaps or re-initialises a leaf shows."""
+    rng = np.random.default_rng(seed)
+    params = {}
+    for e in hf_params.entries(config):
+        shape = hf_params.stacked_shape(e, config)
+        hf_params.set_path(params, e.path, jax.device_put(rng.standard_normal(shape, dtype=np.float32)))
+    return params
 
 
 # ------------------------------------------------------------------ synthetic text and quick training
@@ -136,15 +154,14 @@ def fit_adapter(params, config: ModelConfig, lora: LoraConfig, dcfg: drafter_lib
 
 
 # ------------------------------------------------------------------ the Uno test models
-UNO_CONFIG = tiny_config(tie_word_embeddings=False)
+UNO_CONFIG = TINY.replace(tie_word_embeddings=False)
 UNO_LORA = LoraConfig(rank=8, alpha=64.0)
 UNO_DRAFTER = drafter_lib.DrafterConfig(block_sizes=(2, 4, 6))
 
 
-@functools.cache
 def uno_random_params():
     """`UNO_CONFIG` with random weights (varied greedy outputs)."""
-    return jax.jit(model_lib.init_params, static_argnums=0)(UNO_CONFIG, jax.random.PRNGKey(0))
+    return random_params(UNO_CONFIG)
 
 
 @functools.cache
@@ -163,7 +180,6 @@ def uno_adapters():
     return untrained, trained, losses
 
 
-# ------------------------------------------------------------------ random Hugging Face models
 RAGGED_LENGTHS = (9, 3, 14, 1, 6)
 
 
@@ -186,7 +202,7 @@ SPEC_SMALL = ModelConfig(vocab_size=8, hidden_size=32, intermediate_size=64, num
 def sharp_params(config: ModelConfig, seed: int, scale: float = 60.0):
     """Random params of an untied-head `config` with the head scaled by `scale`: a non-flat next-token
     distribution that depends on the input."""
-    params = jax.jit(model_lib.init_params, static_argnums=0)(config, jax.random.PRNGKey(seed))
+    params = random_params(config, seed)
     return {**params, "lm_head": params["lm_head"] * scale}
 
 
@@ -209,6 +225,59 @@ def two_token_tv(tokens: np.ndarray, exact: np.ndarray) -> float:
     return float(0.5 * np.abs(hist - exact).sum())
 
 
+# ------------------------------------------------------------------ the samplers' reference
+@functools.partial(jax.jit, static_argnums=3)
+def _reference_forward(params, tokens, positions, config):
+    return model_lib.forward(params, config, tokens, positions)
+
+
+def reference_sequences(trace, phys_tok, phys_pos, groups_of=None, select=None):
+    """Yields (pass n, row b, window row indices, tokens, positions) for every reference forward."""
+    n_pass, b, w = np.asarray(trace["valid"]).shape
+    for n in range(n_pass):
+        for r in range(b):
+            valid = np.asarray(trace["valid"][n, r])
+            if not valid.any() or (select is not None and not select(n, r)):
+                continue
+            c = int(trace["cache_len"][n, r])
+            prefix_t = list(phys_tok[r, :c])
+            prefix_p = list(phys_pos[r, :c])
+            assert min(prefix_t) >= 0 and min(prefix_p) >= 0
+            groups = groups_of(n, r) if groups_of is not None else np.zeros(w, int)
+            for g in np.unique(groups[valid]):
+                idx = np.flatnonzero(valid & (groups == g))
+                yield n, r, idx, prefix_t + list(trace["tokens"][n, r, idx]), prefix_p + list(
+                    trace["positions"][n, r, idx])
+
+
+def check_against_full_forward(params, config, trace, phys_tok, phys_pos, groups_of=None, select=None,
+                               atol=3e-5):
+    """Asserts each pass a sampler recorded (`generate(debug=True)`'s trace: it saw the cache, a prefix of
+    the physical sequence, plus its window) gives the logits of one full causal forward without a cache
+    over that prefix and the pass's valid window rows (physical order, logical positions as RoPE
+    positions, docs/algorithms.md §0); slot-local passes are recomputed slot by slot. Returns how many
+    were checked. `groups_of(n, b)` -> int [window] recomputes each group separately; `select(n, b)` -> bool
+    filters passes."""
+    items = list(reference_sequences(trace, phys_tok, phys_pos, groups_of, select))
+    assert items, "no pass recorded"
+    # Shapes rounded up to buckets so that every check in a session reuses one compiled forward.
+    width = -(-max(len(t) for *_, t, _ in items) // 32) * 32
+    rows = -(-len(items) // 64) * 64
+    toks = np.zeros((rows, width), np.int32)
+    pos = np.zeros((rows, width), np.int32)
+    for i, (*_, t, p) in enumerate(items):
+        toks[i, : len(t)] = t  # right padding: causal rows before it are unaffected
+        pos[i, : len(p)] = p
+    ref = np.asarray(_reference_forward(params, jnp.asarray(toks), jnp.asarray(pos), config))
+    logits = np.asarray(trace["logits"])
+    for i, (n, r, idx, t, _) in enumerate(items):
+        k = len(idx)
+        np.testing.assert_allclose(logits[n, r, idx], ref[i, len(t) - k: len(t)], atol=atol, rtol=1e-5,
+                                   err_msg=f"pass {n}, row {r}, window rows {idx.tolist()}")
+    return len(items)
+
+
+# ------------------------------------------------------------------ random Hugging Face models
 def random_torch_model(config: ModelConfig, seed: int = 0, **hf_overrides):
     """A random transformers Qwen3ForCausalLM with `config`'s dimensions (fp32, eager attention, CPU,
     weights from `torch.manual_seed(seed)`); `hf_overrides` go to its Qwen3Config (e.g.

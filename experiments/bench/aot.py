@@ -50,6 +50,7 @@ from zarya_jax.objectives.zarya import zarya_objective
 from zarya_jax.rl import grpo
 from zarya_jax.rl.trainer import BATCH_KEYS as GRPO_KEYS, grpo_objective
 from zarya_jax.sampling.config import GenerationConfig
+from zarya_jax.sampling.modes import MODES
 from zarya_jax.train import sharding as shd
 from zarya_jax.train.checkpoints import abstract_like
 from zarya_jax.train.draft_model import draft_model_config, lora_budget, sized_to
@@ -65,12 +66,8 @@ generate_lib = importlib.import_module("zarya_jax.sampling.generate")  # the mod
 
 GIB = 1 << 30
 TRAIN = ("zarya", "zarya-nonslotted", "drafter", "draft-model", "grpo", "eval")
-DECODE = {"ar": GenerationConfig(mode="ar"), "mdm": GenerationConfig(mode="mdm"),
-          "slotted": GenerationConfig(mode="slotted"),
-          "spec-self": GenerationConfig(mode="spec", drafter="self"),
-          "spec-lora": GenerationConfig(mode="spec", drafter="lora"),
-          "spec-self-fused": GenerationConfig(mode="spec", drafter="self", fused=True),
-          "spec-lora-fused": GenerationConfig(mode="spec", drafter="lora", fused=True)}
+# Every decoding mode at its default knobs, but the one that needs a second (draft) model's weights.
+DECODE = {name: GenerationConfig(mode=name) for name, cls in MODES.items() if not cls.decoder.uses_draft_model}
 PROGRAMS = TRAIN + tuple(DECODE)
 TOTAL_STEPS = 1000
 
@@ -148,7 +145,7 @@ def train_lowered(program: str, cfg, mesh, rows: int, seq: int, new: int):
 def decode_lowered(program: str, cfg, mesh, batch: int, prompt: int, new: int):
     """The lowered `generate()` program of decoding mode `program` (one of `DECODE`)."""
     gc = DECODE[program].replace(max_new_tokens=new)
-    if gc.drafter == "lora" and gc.mode == "spec":
+    if getattr(gc.mode, "drafter", None) == "lora":
         lora = LoraConfig()
         params, adapter = _weights(cfg, mesh, lora)
         return generate_lib.lower(params, cfg, gc, batch, prompt, mesh=mesh, lora_params=adapter, lora=lora)

@@ -39,6 +39,8 @@ import numpy as np
 from zarya_jax.nn import kv_cache
 from zarya_jax.nn import model as model_lib
 from zarya_jax.sampling import GenerationConfig, generate
+from zarya_jax.sampling.mode import Mode
+from zarya_jax.sampling.modes import mode as mode_of
 from zarya_jax.sampling import passes
 from zarya_jax.train import sharding as shd
 from zarya_jax.train.metrics import hbm_bandwidth
@@ -120,15 +122,18 @@ def window_costs(cfg, params, batches, windows, context: int, repeats: int) -> l
     return out
 
 
-def decode_modes(draft_length: int, fused_k: int) -> dict[str, dict]:
-    """The decode part's modes: the `GenerationConfig` fields of each."""
-    return {"ar": {"mode": "ar"}, "spec-self": {"mode": "spec", "drafter": "self", "draft_length": draft_length},
-            "spec-self-fused": {"mode": "spec", "drafter": "self", "fused": True, "draft_length": fused_k}}
+def decode_modes(draft_length: int, fused_k: int) -> dict[str, Mode]:
+    """The decode part's modes, by name, with their knobs."""
+    return {"ar": mode_of("ar"), "spec-self": mode_of("spec-self", draft_length=draft_length),
+            "spec-self-fused": mode_of("spec-self-fused", draft_length=fused_k)}
 
 
 def decode_speed(cfg, params, batch: int, prompt: int, new_tokens: int, repeats: int, bandwidth,
-                 mode: str = "ar", fields: dict | None = None) -> dict:
-    gc = GenerationConfig(max_new_tokens=new_tokens, stop_at_eos=False, prompt_bucket=prompt, **(fields or {"mode": "ar"}))
+                 knobs: Mode | None = None) -> dict:
+    """Decode tokens/s of one mode (`knobs`: the mode with its knobs, default AR)."""
+    knobs = knobs or mode_of("ar")
+    mode = knobs.name
+    gc = GenerationConfig(mode=knobs, max_new_tokens=new_tokens, stop_at_eos=False, prompt_bucket=prompt)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, min(cfg.vocab_size, 256), prompt).tolist() for _ in range(batch)]
     generate(params, cfg, prompts, gc, jax.random.PRNGKey(0))  # compile
@@ -177,9 +182,9 @@ def run(args) -> tuple[dict, str]:
     results["decode"] = []
     for b in s.batches:
         ar_ms = None
-        for mode, fields in decode_modes(s.draft_length, s.fused_k).items():
+        for mode, knobs in decode_modes(s.draft_length, s.fused_k).items():
             if due(f"decode {mode} batch {b}"):
-                row = decode_speed(cfg, params(), b, s.context, s.new_tokens, s.repeats, bandwidth, mode, fields)
+                row = decode_speed(cfg, params(), b, s.context, s.new_tokens, s.repeats, bandwidth, knobs)
                 ar_ms = row["ms_per_pass"] if mode == "ar" else ar_ms
                 row["pass_vs_ar"] = row["ms_per_pass"] / ar_ms if ar_ms else None
                 results["decode"].append(row)

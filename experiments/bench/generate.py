@@ -31,6 +31,7 @@ import numpy as np
 from zarya_jax import checkpoint
 from zarya_jax.config import ModelConfig
 from zarya_jax.sampling import GenerationConfig, generate
+from zarya_jax.sampling.modes import mode as mode_of
 from zarya_jax.testing import random_hf_model, random_torch_model
 
 from .harness import (HF_ATTENTION, add_baseline_arguments, alternate, check_heads, check_positive, cpu_threads,
@@ -90,13 +91,13 @@ def jax_side(batch_sizes=(1, 8, 32), modes=("ar", "mdm", "slotted"), max_new_tok
     else:
         config = _random_config(layers, hidden, heads, kv_heads, vocab)
         _, params = random_hf_model(config, seed, **INIT)
-    knobs = {"ar": dict(mode="ar"), "mdm": dict(mode="mdm", steps=steps),
-             "slotted": dict(mode="slotted", slot_size=slot_size, serial_num_blocks=serial_num_blocks)}
+    knobs = {"ar": {}, "mdm": {"steps": steps},
+             "slotted": {"slot_size": slot_size, "serial_num_blocks": serial_num_blocks}}
     rows = []
     for b, prompts in zip(batch_sizes, _prompts(seed, config.vocab_size, prompt_len, batch_sizes)):
         for mode in modes:
-            gc = GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, stop_at_eos=False,
-                                  prompt_bucket=prompt_len, **knobs[mode])
+            gc = GenerationConfig(mode=mode_of(mode, **knobs[mode]), max_new_tokens=max_new_tokens, temperature=0.0,
+                                  stop_at_eos=False, prompt_bucket=prompt_len)
             variants = [("cached", True)] + ([("uncached", False)] if mode == "ar" and uncached else [])
             for label, use_cache in variants:
                 def call(k, use_cache=use_cache, gc=gc):

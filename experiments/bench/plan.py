@@ -1,7 +1,7 @@
 """Memory and FLOP plan per device, before booking hardware: ahead-of-time compiles, nothing runs.
 
     python -m experiments.bench plan --presets qwen3-0.6b,qwen3-1.7b,qwen3-4b --devices 8,64 --seq 2048 \\
-        --batch-per-device 1 --attention dense,splash --modes ar,mdm,slotted,spec
+        --batch-per-device 1 --attention dense,splash --modes ar,mdm,slotted,spec-self
 
 For each device count N, in a process of its own with N virtual CPU devices
 (`--xla_force_host_platform_device_count=N`), on an FSDP mesh (data 1 × fsdp N, or `--mesh data,fsdp,tensor`):
@@ -40,6 +40,7 @@ from zarya_jax.nn import kv_cache
 from zarya_jax.nn import model as model_lib
 from zarya_jax.nn.partitioning import spec_for
 from zarya_jax.sampling import passes
+from zarya_jax.sampling import modes as modes_lib
 from zarya_jax.sampling.config import GenerationConfig
 from zarya_jax.train import sharding as shd
 from zarya_jax.train.metrics import train_flops_per_token
@@ -48,7 +49,8 @@ from .harness import cpu_worker, csv_ints, markdown_table
 from .train import model_config, step_setup
 
 GIB = 1 << 30
-MODES = ("ar", "mdm", "slotted", "spec")
+MODES = tuple(modes_lib.MODES)  # any decoding mode, by its one name
+DEFAULT_MODES = ("ar", "mdm", "slotted", "spec-self")
 CACHE_AXES = ("layers", "batch", "kv_heads", "length", "head_dim")  # kv_cache's head-major layout
 
 
@@ -102,7 +104,7 @@ def _sharded(tree, shardings):
 
 def decode_row(preset_name: str, mesh, seq: int, rows: int, mode: str) -> dict:
     cfg = model_config(preset_name)
-    gcfg = GenerationConfig(mode=mode, drafter="self" if mode == "spec" else "lora")
+    gcfg = GenerationConfig(mode=mode)
     window, cache_len = passes.window_rows(gcfg), passes.cache_rows(gcfg, seq)
     named = lambda shape, axes: jax.sharding.NamedSharding(mesh, spec_for(shape, axes, mesh))
     window_in = jax.ShapeDtypeStruct((rows, window), jnp.int32, sharding=named((rows, window), ("batch", None)))
@@ -134,7 +136,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-per-device", type=int, default=1, help="rows per device (global batch = devices × this)")
     p.add_argument("--attention", default="dense,splash", help="attention backends to compile the train step with")
     p.add_argument("--remat", default="true", choices=("true", "false"), help="recompute each layer in the backward")
-    p.add_argument("--modes", default=",".join(MODES), help="decoding modes, one pass each ('' to skip)")
+    p.add_argument("--modes", default=",".join(DEFAULT_MODES),
+                   help=f"decoding modes among {', '.join(MODES)}, one pass each ('' to skip)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
 
 

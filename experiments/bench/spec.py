@@ -30,12 +30,14 @@ from zarya_jax.eval.tasks import read_jsonl
 from zarya_jax.inference import load_for_inference
 from zarya_jax.objectives.drafter import DrafterConfig
 from zarya_jax.sampling import GenerationConfig, generate
-from zarya_jax.testing import fit_adapter, pretrain_ar, synthetic_tokens, tiny_config
+from zarya_jax.sampling.modes import mode as mode_of
+from zarya_jax.testing import TINY, fit_adapter, pretrain_ar, synthetic_tokens
 
 from .harness import markdown_table, timed
 
-TINY_CONFIG = tiny_config(tie_word_embeddings=False)
-SMALL_CONFIG = tiny_config(hidden_size=128, intermediate_size=384, num_layers=4, head_dim=32, tie_word_embeddings=False)
+TINY_CONFIG = TINY.replace(tie_word_embeddings=False)
+SMALL_CONFIG = TINY.replace(hidden_size=128, intermediate_size=384, num_layers=4, head_dim=32,
+                            tie_word_embeddings=False)
 
 
 def measure(ckpt: str | None = None, adapter: str | None = None, *, draft_lengths=(4, 8, 16), batch_sizes=(1, 8, 32),
@@ -115,7 +117,8 @@ def measure(ckpt: str | None = None, adapter: str | None = None, *, draft_length
             out = generate(params, config, prompts, gc, key, lora_params=lora_params, lora=lora)
             return out
 
-        gcs = {None: base, **{(d, f, k): base.replace(mode="spec", drafter=d, draft_length=f, draft_passes=k)
+        gcs = {None: base, **{(d, f, k): base.replace(mode=mode_of(f"spec-{d}", draft_length=f,
+                                                                   **({"draft_passes": k} if d == "lora" else {})))
                               for d, f, k in configs}}
         outs = {k: call(gc) for k, gc in gcs.items()}  # compile + warm up
         best = {k: np.inf for k in gcs}

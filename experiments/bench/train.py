@@ -21,15 +21,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from zarya_jax.config import ModelConfig, ZaryaConfig, preset
-from zarya_jax.model import init_params
+from zarya_jax.nn.model import init_params
 from zarya_jax.objectives.zarya import zarya_objective
 from zarya_jax.train import sharding as shd
 from zarya_jax.train.loop import BATCH_KEYS
 from zarya_jax.train.metrics import device_peak, train_flops_per_token
 from zarya_jax.train.checkpoints import abstract_like
 from zarya_jax.train.optim import OptimConfig
-from zarya_jax.train.step import (StepCache, build_optimizer, init_state, make_eval_step, make_train_step,
-                                  state_shardings)
+from zarya_jax.train.step import build_steps
 
 from .harness import cpu_worker, timed
 
@@ -64,16 +63,11 @@ class StepSetup:
 
 def step_setup(cfg: ModelConfig, mesh, slot_size: int = 8, seed: int = 0) -> StepSetup:
     zc = ZaryaConfig(slot_size_set=(slot_size,), slot_step_borders=(1.0,))
-    oc = OptimConfig(lr=1e-4, warmup_steps=0)
     objective = zarya_objective(cfg, zc)
-    key = jax.random.PRNGKey(seed)
-    optimizer, mask = build_optimizer(oc, 1000, jax.eval_shape(lambda k: init_params(cfg, k), key))
-    make_state = lambda k: init_state(init_params(cfg, k), optimizer, k)
-    sh = state_shardings(jax.eval_shape(make_state, key), optimizer, mesh)
-    steps = StepCache(make_train_step(objective, optimizer, oc, 1000, mesh, mask), make_eval_step(objective, 1000, mesh),
-                      sh, None, mesh, BATCH_KEYS)
-    return StepSetup(cfg, mesh, steps.train(slot_size), abstract_like(jax.eval_shape(make_state, key), sh),
-                     lambda k: jax.jit(make_state, out_shardings=sh)(k), objective.forward_passes)
+    steps = build_steps(objective, OptimConfig(lr=1e-4, warmup_steps=0), 1000, lambda k: init_params(cfg, k), mesh,
+                        BATCH_KEYS, jax.random.PRNGKey(seed))
+    return StepSetup(cfg, mesh, steps.cache.train(slot_size), abstract_like(steps.abstract_state, steps.shardings),
+                     steps.init, objective.forward_passes)
 
 
 def random_batch(cfg: ModelConfig, rows: int, length: int, seed: int = 0) -> dict[str, np.ndarray]:

@@ -46,6 +46,7 @@ from ..data import render
 from ..nn import model as model_lib
 from ..objectives.drafter import agreement_counts
 from .evaluate import MODE_LABELS
+from .results import ModeResult, Prediction
 
 
 def _layout(prompt: np.ndarray, answer: np.ndarray, slot_size: int, length: int, pad_id: int, mask_id: int):
@@ -226,11 +227,14 @@ def drafter_agreement(model: Inference, examples: Sequence[tuple[Sequence[int], 
 AGREEMENT_EXAMPLES = 64
 
 
-def analyse(model: Inference, records, summary, predictions, slot_sizes) -> dict:
+def analyse(model: Inference, records, summary: Sequence[ModeResult], predictions: Sequence[Prediction],
+            slot_sizes) -> dict:
     """Teacher-forced accuracy of both heads per slot size and by offset within a slot, and per mode
     where its outputs first differ from the reference (answer + EOS); one explanation per mode below AR
-    (and for AR's own misses). summary/predictions: `evaluate`'s, with `output_ids`; records rendered with
-    the checkpoint's prompt format (`model.prompt_format`) as in `evaluate`."""
+    (and for AR's own misses). summary/predictions: `evaluate`'s on `records` (of which it decoded the first
+    `examples`: its `eval.limit`), rendered with the checkpoint's prompt format (`model.prompt_format`) as
+    in `evaluate`."""
+    records = records[:summary[0].examples] if summary else records
     params, model_config, tokenizer, prompt_format = model.params, model.config, model.tokenizer, model.prompt_format
     eos = model_config.eos_token_id
     examples = []
@@ -242,29 +246,28 @@ def analyse(model: Inference, records, summary, predictions, slot_sizes) -> dict
     for s in slot_sizes:
         scores = teacher_forced(params, model_config, examples, s)
         heads[s] = {"overall": overall(scores), "by_offset": by_offset(scores, s)}
-    by_mode = {r["mode"]: r for r in summary}
+    by_mode = {r.mode: r for r in summary}
     ar = by_mode.get("ar")
     errors, explanations = {}, []
     for mode, row in by_mode.items():
-        s = row["generation_config"]["slot_size"] if mode == "slotted" else slot_sizes[-1]
-        outs = [p["output_ids"] for p in predictions if p["mode"] == mode]
+        s = row.knob("slot_size") if mode == "slotted" else slot_sizes[-1]
+        outs = [p.output_ids for p in predictions if p.mode == mode]
         errors[mode] = first_errors(outs, [a for _, a in examples], s, eos)
-        dif = [p.get("diffusion_offsets") for p in predictions if p["mode"] == mode]
+        dif = [p.diffusion_offsets for p in predictions if p.mode == mode]
         if mode == "mdm" and dif and all(d is not None for d in dif):
             errors[mode]["by_phase"] = split_first_errors(outs, [a for _, a in examples], dif)
-        if ar is not None and mode != "ar" and row["accuracy"] < ar["accuracy"]:
-            explanations.append(explain(row["label"], row["accuracy"], ar["accuracy"], errors[mode],
+        if ar is not None and mode != "ar" and row.accuracy < ar.accuracy:
+            explanations.append(explain(row.label, row.accuracy, ar.accuracy, errors[mode],
                                         heads[s]["by_offset"] if s in heads else []))
-    if ar is not None and ar["accuracy"] < 1.0:
-        explanations.insert(0, explain_ar(ar["accuracy"], errors["ar"], heads[slot_sizes[-1]]["overall"]))
+    if ar is not None and ar.accuracy < 1.0:
+        explanations.insert(0, explain_ar(ar.accuracy, errors["ar"], heads[slot_sizes[-1]]["overall"]))
     out = {"heads": {str(k): v for k, v in heads.items()}, "first_errors": errors, "explanations": explanations}
     lora_row = by_mode.get("spec-lora")
     if lora_row is not None and model.adapter is not None:
-        f = lora_row["generation_config"]["draft_length"]
+        f = lora_row.knob("draft_length")
         agreed = examples[:AGREEMENT_EXAMPLES]
         out["drafter"] = {"draft_length": f, "teacher_forced": drafter_agreement(model, agreed, f),
-                          "teacher_forced_examples": len(agreed),
-                          "decode": lora_row.get("acceptance_by_position")}
+                          "teacher_forced_examples": len(agreed), "decode": lora_row.acceptance_by_position}
     return out
 
 

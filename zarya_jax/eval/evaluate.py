@@ -6,14 +6,18 @@ Modes: `ar` (autoregressive baseline), `mdm` (mode A, docs/algorithms.md §5), `
 (an independent draft model, classic speculative sampling, docs/algorithms.md §7.6), `spec-self-fused` and
 `spec-lora-fused` (the same drafters in one forward pass per cycle, docs/algorithms.md §7.5). Per mode:
 exact-match accuracy (`answers`), wall-clock generated tokens/s (compile time excluded and reported
-apart), tokens per forward pass and the speed-up over `ar`. Decoding knobs are `GenerationConfig`
-fields, per mode or for all modes (`parse_knobs`, `ModeKnobs`), typed by `zarya_jax.overrides`.
+apart), tokens per forward pass and the speed-up over `ar`. Mode names and each mode's knobs come from
+the registry (`sampling.modes.MODES`): `MODE.FIELD` sets a field of that mode's dataclass or a shared
+sampling field, `*.FIELD` a shared field for every mode (`parse_knobs`, `ModeKnobs`), typed by
+`zarya_jax.overrides`.
 Records are rendered by `zarya_jax.data.render` with the checkpoint's recorded `PromptFormat`
 (`zarya_jax.inference`), so the prompt ids are those the model was trained on.
 """
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import json
 import os
 import re
@@ -28,45 +32,56 @@ from .. import overrides as ov
 from ..config import ConfigError, PromptFormat, missing_mask_token
 from ..data import render
 from ..files import atomic_directory, atomic_write
-from ..inference import Inference, prompt_format
+from ..inference import Inference
 from ..sampling import GenerationConfig, generate
-from ..sampling.config import MODE_KNOBS, ROUTING_FIELDS, check_knobs
+from ..sampling import modes as modes_lib
 from ..sampling.prompts import bucket_length
 from ..sampling.spec import pool_acceptance
 from . import answers
+from .results import Decoded, ModeResult, Prediction
 
-MODES = ("ar", "mdm", "slotted", "spec-self", "spec-lora", "spec-model", "spec-self-fused", "spec-lora-fused")
-MODE_LABELS = {"ar": "AR", "mdm": "mode A (MDM)", "slotted": "mode B (slotted)",
-               "spec-self": "spec, self drafter", "spec-lora": "spec, LoRA drafter", "spec-model": "spec, draft model",
-               "spec-self-fused": "spec, self drafter, fused", "spec-lora-fused": "spec, LoRA drafter, fused"}
-# Base GenerationConfig fields per evaluation mode; knobs are layered on top.
-MODE_FIELDS = {"ar": {"mode": "ar"}, "mdm": {"mode": "mdm"}, "slotted": {"mode": "slotted"},
-               "spec-self": {"mode": "spec", "drafter": "self"}, "spec-lora": {"mode": "spec", "drafter": "lora"},
-               "spec-model": {"mode": "spec", "drafter": "model"},
-               "spec-self-fused": {"mode": "spec", "drafter": "self", "fused": True},
-               "spec-lora-fused": {"mode": "spec", "drafter": "lora", "fused": True}}
-SPEC_MODES = tuple(m for m, f in MODE_FIELDS.items() if f["mode"] == "spec")  # lossless: held to AR's outputs
-ADAPTER_MODES = tuple(m for m, f in MODE_FIELDS.items() if f.get("drafter") == "lora")  # draft with Uno's adapter
+MODES = tuple(modes_lib.MODES)  # the eight decoding modes, by their one name (`sampling.modes`)
+MODE_LABELS = {name: cls.label for name, cls in modes_lib.MODES.items()}  # how reports name each mode
+SPEC_MODES = tuple(n for n, cls in modes_lib.MODES.items() if cls.lossless)  # held to AR's outputs
+# the modes that draft with Uno's LoRA adapter, and with a separate draft model
+ADAPTER_MODES = tuple(n for n, cls in modes_lib.MODES.items() if getattr(cls, "drafter", None) == "lora")
+DRAFT_MODEL_MODES = tuple(n for n, cls in modes_lib.MODES.items() if getattr(cls, "drafter", None) == "model")
 
-Knobs = ov.sparse(GenerationConfig)  # a typed partial GenerationConfig: the fields a mode overrides
+# The sampling fields every mode shares (`GenerationConfig` less its mode): `*.FIELD` knobs.
+SHARED_TYPES = {k: t for k, t in ov.field_types(GenerationConfig).items() if k != "mode"}
 
 
-@dataclasses.dataclass(frozen=True)
-class ModeKnobs:
-    """Decoding knobs per evaluation mode (`eval.knobs.<mode>.<field>` in the quickstart's config)."""
+def knob_types(mode: str) -> dict[str, type]:
+    """{field: type} of what `MODE.FIELD` may set: the mode dataclass's own fields, then the shared ones."""
+    return {**ov.field_types(modes_lib.MODES[mode]), **SHARED_TYPES}
 
-    ar: Knobs = Knobs()
-    mdm: Knobs = Knobs()
-    slotted: Knobs = Knobs()
-    spec_self: Knobs = dataclasses.field(default=Knobs(), metadata={"key": "spec-self"})
-    spec_lora: Knobs = dataclasses.field(default=Knobs(), metadata={"key": "spec-lora"})
-    spec_model: Knobs = dataclasses.field(default=Knobs(), metadata={"key": "spec-model"})
-    spec_self_fused: Knobs = dataclasses.field(default=Knobs(), metadata={"key": "spec-self-fused"})
-    spec_lora_fused: Knobs = dataclasses.field(default=Knobs(), metadata={"key": "spec-lora-fused"})
 
-    def as_dict(self) -> dict[str, dict]:
-        """{mode: {field: value}} of the knobs set, the form `evaluate` takes."""
-        return {ov.external_name(f): ov.set_fields(getattr(self, f.name)) for f in dataclasses.fields(self)}
+@functools.cache
+def _sparse_knobs(mode: str):
+    """A typed partial set of one mode's knobs (every field optional, None = not set)."""
+    cls = modes_lib.MODES[mode]
+    full = dataclasses.make_dataclass(f"{cls.__name__}Knobs", list(knob_types(mode).items()), frozen=True)
+    return ov.sparse(full)
+
+
+def _knobs_as_dict(self) -> dict[str, dict]:
+    """{mode: {field: value}} of the knobs set, the form `evaluate` takes."""
+    return {ov.external_name(f): ov.set_fields(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+# Decoding knobs per mode (`eval.knobs.<mode>.<field>`), one section per registered mode, made from the
+# registry: a field added to a mode's dataclass is a knob here with nothing else to change.
+ModeKnobs = dataclasses.make_dataclass(
+    "ModeKnobs", [(name.replace("-", "_"), _sparse_knobs(name),
+                   dataclasses.field(default=_sparse_knobs(name)(), metadata={"key": name})) for name in MODES],
+    frozen=True, namespace={"as_dict": _knobs_as_dict, "__module__": __name__,
+                            "__doc__": "Decoding knobs per mode (`eval.knobs.<mode>.<field>`): each mode's fields "
+                                       "and the shared sampling fields, typed, None = not set."})
+
+
+def mode_knobs(knobs: dict[str, dict]) -> "ModeKnobs":
+    """A `ModeKnobs` from {mode: {field: value}} (typed; an unknown mode or field is a ConfigError)."""
+    return ov.build(ModeKnobs, knobs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,56 +146,75 @@ def check_answer(method: str, pattern: str | None, flag: str = "--answer-regex")
 
 
 def parse_knobs(items: list[str]) -> dict[str, dict]:
-    """`["slotted.slot_size=4", "temperature=0"]` -> {"slotted": {"slot_size": 4}, "*": {"temperature": 0}}:
-    `[MODE.]FIELD=VALUE` items, each value YAML, typed against the `GenerationConfig` field."""
+    """`["slotted.slot_size=4", "*.temperature=0"]` -> {"slotted": {"slot_size": 4}, "*": {"temperature": 0}}:
+    `MODE.FIELD=VALUE` items (a field of that mode's dataclass or a shared sampling field) and
+    `*.FIELD=VALUE` (or `FIELD=VALUE`: a shared field, for every mode), each value YAML, typed against the
+    field."""
     knobs: dict[str, dict] = {}
-    types = ov.field_types(GenerationConfig)
     for item in items or []:
         if "=" not in item:
-            raise ConfigError(f"--knob {item!r}: expected [MODE.]FIELD=VALUE, e.g. slotted.slot_size=4")
+            raise ConfigError(f"--knob {item!r}: expected MODE.FIELD=VALUE or '*.FIELD=VALUE', "
+                              "e.g. slotted.slot_size=4")
         key, value = ov.parse(item, "--knob")
         mode, _, field = key.rpartition(".")
         mode = mode or "*"
         if mode != "*" and mode not in MODES:
-            raise ConfigError(f"--knob {item!r}: unknown mode {mode!r}; expected one of {MODES}")
-        if field not in types:
-            raise ov.unknown(field, types, "GenerationConfig field")
+            raise ConfigError(f"--knob {item!r}: unknown mode {mode!r}; expected one of {MODES} or '*'")
+        types = _scope_types(mode, field)
         knobs.setdefault(mode, {})[field] = ov.coerce(key, value, types[field])
     return knobs
 
 
+def _scope_types(scope: str, field: str) -> dict[str, type]:
+    """The knob types of `scope` (a mode, or "*": the shared fields); a ConfigError naming what `scope`
+    has when `field` is not among them (never silently ignored)."""
+    types = SHARED_TYPES if scope == "*" else knob_types(scope)
+    if field in types:
+        return types
+    if scope == "*":
+        owners = [m for m in MODES if field in ov.field_types(modes_lib.MODES[m])]
+        where = f"; it is a field of mode(s) {owners}: give it as MODE.{field}" if owners else close_names(field, types)
+        raise ConfigError(f"knob *.{field}: not a shared sampling field{where}. Shared fields: {list(SHARED_TYPES)}")
+    raise ConfigError(no_field(f"knob {scope}.{field}", scope, field, types) + f", and the shared ones "
+                      f"{list(SHARED_TYPES)}")
+
+
+def no_field(where: str, mode: str, field: str, candidates=None) -> str:
+    """'WHERE: mode M has no field F (did you mean …?); its fields are […]' — for a knob or a grid key;
+    the closest of `candidates` (default: the mode's fields) are suggested."""
+    own = ov.field_types(modes_lib.MODES[mode])
+    hint = close_names(field, own if candidates is None else candidates)
+    return f"{where}: mode {mode!r} has no field {field!r}{hint}; its fields are {list(own)}"
+
+
+def close_names(name: str, known) -> str:
+    close = difflib.get_close_matches(name, list(known), n=3)
+    return f" (did you mean {close}?)" if close else ""
+
+
 def generation_config(mode: str, max_new_tokens: int, knobs: dict[str, dict] | None = None) -> GenerationConfig:
-    """The `GenerationConfig` of an evaluation mode with `knobs` applied: "*" knobs where the mode's
-    sampler reads them, then the mode's own, each of which it must read (`sampling.config.MODE_KNOBS`;
-    a routing field such as `mode` is never a knob)."""
-    kwargs = dict(MODE_FIELDS[mode], max_new_tokens=max_new_tokens, temperature=0.0)
-    knobs = knobs or {}
-    types = ov.field_types(GenerationConfig)
-    sampler = MODE_FIELDS[mode]["mode"]
+    """The `GenerationConfig` of mode `mode` (greedy, `max_new_tokens`) with `knobs` ({mode or "*":
+    {field: value}}) applied: the shared "*" ones, then the mode's own; a field the mode does not have
+    is a ConfigError naming its fields."""
+    values = {}
     for scope in ("*", mode):
-        for k, v in knobs.get(scope, {}).items():
-            if k not in types:
-                raise ov.unknown(f"{scope}.{k}", [f"{scope}.{f}" for f in types], "knob")
-            if scope == "*" and k not in MODE_KNOBS[sampler] and k not in ROUTING_FIELDS:
-                continue
-            try:
-                check_knobs(sampler, [k], "" if scope == "*" else f"{scope}.")
-            except ValueError as e:
-                raise ConfigError(str(e)) from None
-            kwargs[k] = ov.coerce(f"{scope}.{k}", v, types[k])
-    return GenerationConfig(**kwargs)
+        for k, v in (knobs or {}).get(scope, {}).items():
+            values[k] = ov.coerce(f"{scope}.{k}", v, _scope_types(scope, k)[k])
+    base = GenerationConfig(mode=mode, max_new_tokens=max_new_tokens, temperature=0.0)
+    try:
+        return base.with_knobs(**values)
+    except ValueError as e:
+        raise ConfigError(f"mode {mode}: {e}") from None
 
 
 def check_mode_knobs(modes, knobs: dict[str, dict]) -> None:
-    """Every knob against the modes it is for, before any model is loaded: a mode's own knobs must be
-    read by its sampler, and a knob for all modes ("*") by at least one of `modes` (never silently
-    ignored)."""
+    """Every knob against the modes it is for, before any model is loaded: knobs only for known modes
+    (or "*"), and each of `modes`' knobs a field of that mode."""
+    unknown = [m for m in knobs if m != "*" and m not in MODES]
+    if unknown:
+        raise ConfigError(f"knobs for unknown mode(s) {unknown}; expected modes among {MODES} or '*'")
     for mode in modes:
         generation_config(mode, 1, knobs)
-    read = {k for mode in modes for k in MODE_KNOBS[MODE_FIELDS[mode]["mode"]]}
-    for k in knobs.get("*", {}):
-        if k not in read:
-            raise ConfigError(f"knob {k} is read by none of the modes {list(modes)} (it would be ignored)")
 
 
 def check_mask_token(gens: dict[str, GenerationConfig], model_config, ckpt: str) -> None:
@@ -188,7 +222,7 @@ def check_mask_token(gens: dict[str, GenerationConfig], model_config, ckpt: str)
     mask token that the checkpoint's model has none of; checked from its config, before any work."""
     if model_config.mask_token_id is not None:
         return
-    modes = [m for m, gen in gens.items() if gen.needs_mask_token]
+    modes = [m for m, gen in gens.items() if gen.mode.needs_mask_token]
     if modes:
         what = f"mode {modes[0]} needs" if len(modes) == 1 else f"modes {', '.join(modes)} need"
         raise ConfigError(missing_mask_token(what, f"the checkpoint {ckpt!r}", otherwise="evaluate it with --modes ar"))
@@ -238,9 +272,9 @@ class Progress:
 
 def evaluate_mode(params, config, tokenizer, prompts: list[list[int]], gen_config, key, batch_size: int,
                   lora_params=None, lora=None, progress: Progress | None = None, warmup: bool = True,
-                  draft: dict | None = None) -> dict:
-    """Generates for all prompts in batches of `batch_size`; returns texts, token ids, lengths, passes
-    and timings. `draft`: `generate`'s draft-model keyword arguments (`Inference.draft_kwargs`).
+                  draft: dict | None = None) -> Decoded:
+    """Generates for all prompts in batches of `batch_size`; returns their `Decoded` texts, token ids,
+    lengths, passes and timings. `draft`: `generate`'s draft-model keyword arguments (`Inference.draft_kwargs`).
     `progress`: told when the compile starts and ends, and after every timed batch.
 
     With `warmup` one batch per prompt bucket is run once untimed (compilation); the timed pass covers
@@ -298,12 +332,11 @@ def evaluate_mode(params, config, tokenizer, prompts: list[list[int]], gen_confi
     # A batched pass advances every row, so a batch's passes count once: tokens per forward is the
     # number of generated tokens per row divided by that row's passes, averaged over rows.
     tpf = [l / p for l, p in zip(lengths, passes) if p > 0]
-    return {"texts": texts, "ids": ids, "lengths": lengths, "forward_passes": passes, "wall_s": wall,
-            "diffusion_offsets": diffusion or None,
-            "acceptance": pool_acceptance(spec_counts) if spec_counts else None,
-            "compile_s": compile_s,
-            "tokens": total_tokens, "tokens_per_s": total_tokens / wall if wall > 0 else float("nan"),
-            "tokens_per_forward": float(np.mean(tpf)) if tpf else float("nan")}
+    return Decoded(texts=texts, ids=ids, lengths=lengths, forward_passes=passes, wall_s=wall, compile_s=compile_s,
+                   tokens=total_tokens, tokens_per_s=total_tokens / wall if wall > 0 else float("nan"),
+                   tokens_per_forward=float(np.mean(tpf)) if tpf else float("nan"),
+                   diffusion_offsets=diffusion or None,
+                   acceptance=pool_acceptance(spec_counts) if spec_counts else None)
 
 
 def render_records(records: list[dict], tokenizer, prompt_format: PromptFormat, method: str,
@@ -325,10 +358,12 @@ def render_records(records: list[dict], tokenizer, prompt_format: PromptFormat, 
 
 
 def evaluate(model: Inference, records: list[dict], ev: EvalConfig, *, knobs: dict | None = None,
-             progress: bool = True, warmup: bool = True) -> tuple[list[dict], list[dict]]:
-    """Runs every mode of `ev` on every record, rendered with the checkpoint's prompt format
-    (`model.prompt_format`, `zarya_jax.data.render`). Returns (summary rows, per-example prediction rows).
-    knobs: {mode or "*": {GenerationConfig field: value}} (default `ev.knobs`), e.g. those a frontier chose.
+             progress: bool = True, warmup: bool = True) -> tuple[list[ModeResult], list[Prediction]]:
+    """Runs every mode of `ev` on the records (the first `ev.limit`; 0: all), rendered with the checkpoint's
+    prompt format (`model.prompt_format`, `zarya_jax.data.render`). Returns one `ModeResult` per mode and
+    one `Prediction` per mode and example.
+    knobs: {mode or "*": {field: value}} (default `ev.knobs`), e.g. those a frontier chose; each result
+    carries the knobs it decoded with.
     warmup=False skips the untimed compile run (for programs already compiled). `ev.batch1_examples` > 0
     also decodes the first N records one at a time and reports `tokens_per_s_batch1` (and the speed-up
     over AR at batch 1): on an accelerator decoding is memory-bound and a pass costs about the same
@@ -336,6 +371,7 @@ def evaluate(model: Inference, records: list[dict], ev: EvalConfig, *, knobs: di
     `ev` was validated when it was built; what is checked here needs the model and the records."""
     method, pattern = ev.answer, ev.answer_regex or None
     knobs = ev.knobs.as_dict() if knobs is None else knobs
+    records = records[:ev.limit] if ev.limit else records
     lora_modes = [m for m in ev.modes if m in ADAPTER_MODES]
     if lora_modes and model.adapter is None:
         raise ValueError(f"mode {lora_modes[0]!r} needs a LoRA drafter adapter (--lora DIR)")
@@ -357,67 +393,66 @@ def evaluate(model: Inference, records: list[dict], ev: EvalConfig, *, knobs: di
     for mode in ev.modes:
         gen, adapter = gens[mode], (model.adapter if mode in ADAPTER_MODES else None)
         draft = model.draft_kwargs if mode == "spec-model" else None
-        bar = Progress(mode, len(prompts)) if progress else None
-        res = evaluate_mode(model.params, model.config, model.tokenizer, prompts, gen, key, ev.batch_size, adapter,
-                            model.lora, progress=bar, warmup=warmup, draft=draft)
-        if bar:
-            bar.close()
-        correct = 0
-        for i, text in enumerate(res["texts"]):
+
+        def decode(prompts_, gen_, batch_size, what, **kwargs) -> Decoded:
+            bar = Progress(what, len(prompts_)) if progress else None
+            out = evaluate_mode(model.params, model.config, model.tokenizer, prompts_, gen_, key, batch_size,
+                                adapter, model.lora, progress=bar, draft=draft, **kwargs)
+            if bar:
+                bar.close()
+            return out
+
+        res = decode(prompts, gen, ev.batch_size, mode, warmup=warmup)
+        rows = []
+        for i, text in enumerate(res.texts):
             pred = answers.extract(text, method, pattern)
-            ok = pred is not None and pred == golds[i]
-            correct += ok
-            predictions.append({"index": i, "mode": mode, "prompt": pairs[i][0], "reference": pairs[i][1],
-                                "prompt_ids": prompts[i],
-                                "output": text, "output_ids": res["ids"][i], "prediction": pred, "gold": golds[i],
-                                "correct": bool(ok),
-                                "num_tokens": res["lengths"][i], "forward_passes": res["forward_passes"][i]})
-            if res["diffusion_offsets"] is not None:
-                predictions[-1]["diffusion_offsets"] = res["diffusion_offsets"][i]
-        row = {"mode": mode, "label": MODE_LABELS[mode], "examples": len(prompts),
-               "accuracy": correct / len(prompts), "tokens_per_forward": res["tokens_per_forward"],
-               "tokens_per_s": res["tokens_per_s"], "generated_tokens": res["tokens"],
-               "wall_s": res["wall_s"], "compile_s": res["compile_s"], "batch_size": ev.batch_size,
-               "generation_config": dataclasses.asdict(gen)}
-        if res["acceptance"] is not None:  # drafted tokens kept per cycle (c0 included), and by draft position
-            row.update(res["acceptance"])
+            rows.append(Prediction(
+                index=i, mode=mode, prompt=pairs[i][0], reference=pairs[i][1], prompt_ids=prompts[i], output=text,
+                output_ids=res.ids[i], prediction=pred, gold=golds[i], correct=pred is not None and pred == golds[i],
+                num_tokens=res.lengths[i], forward_passes=res.forward_passes[i],
+                diffusion_offsets=None if res.diffusion_offsets is None else res.diffusion_offsets[i]))
+        predictions += rows
+        batch1 = {}
         if ev.batch1_examples:
             # Every prompt padded to the widest one's bucket, as a batch would be: one compiled program for
             # the batch-1 pass instead of one per prompt bucket the examples fall into.
             timed = prompts[:ev.batch1_examples]
             one_gen = gen.replace(prompt_bucket=bucket_length(max(len(p) for p in timed), gen.prompt_bucket))
-            bar = Progress(f"{mode} at batch 1", len(timed)) if progress else None
-            one = evaluate_mode(model.params, model.config, model.tokenizer, timed, one_gen, key,
-                                1, adapter, model.lora, progress=bar, draft=draft)
-            if bar:
-                bar.close()
-            row.update(tokens_per_s_batch1=one["tokens_per_s"], batch1_examples=len(one["lengths"]),
-                       compile_s_batch1=one["compile_s"])
-        summary.append(row)
+            one = decode(timed, one_gen, 1, f"{mode} at batch 1")
+            batch1 = {"tokens_per_s_batch1": one.tokens_per_s, "batch1_examples": len(one.lengths),
+                      "compile_s_batch1": one.compile_s}
+        summary.append(ModeResult(
+            mode=mode, label=MODE_LABELS[mode], examples=len(prompts),
+            accuracy=sum(r.correct for r in rows) / len(prompts), tokens_per_forward=res.tokens_per_forward,
+            tokens_per_s=res.tokens_per_s, generated_tokens=res.tokens, wall_s=res.wall_s, compile_s=res.compile_s,
+            batch_size=ev.batch_size, generation_config=dataclasses.asdict(gen),
+            knobs={**knobs.get("*", {}), **knobs.get(mode, {})},
+            **batch1, **(res.acceptance or {})))  # drafts kept per cycle (c0 included), and by draft position
     return _with_speedups(summary), predictions
 
 
-def _with_speedups(summary: list[dict]) -> list[dict]:
-    """Each row's tokens/s over AR's, at the evaluation batch and at batch 1 where measured (None without AR)."""
-    ar = next((r for r in summary if r["mode"] == "ar"), None)
-    for r in summary:
-        for suffix in ("", "_batch1"):
-            base = ar.get(f"tokens_per_s{suffix}") if ar else None
-            if f"tokens_per_s{suffix}" in r:
-                r[f"speedup_vs_ar{suffix}"] = r[f"tokens_per_s{suffix}"] / base if base else None
-    return summary
+def _with_speedups(summary: list[ModeResult]) -> list[ModeResult]:
+    """Each result with its tokens/s over AR's, at the evaluation batch and at batch 1 where measured (None
+    without AR)."""
+    ar = next((r for r in summary if r.mode == "ar"), None)
+
+    def over_ar(value, base):
+        return value / base if value is not None and base else None
+
+    return [dataclasses.replace(
+        r, speedup_vs_ar=over_ar(r.tokens_per_s, ar and ar.tokens_per_s),
+        speedup_vs_ar_batch1=over_ar(r.tokens_per_s_batch1, ar and ar.tokens_per_s_batch1)) for r in summary]
 
 
-def summary_markdown(summary: list[dict]) -> str:
+def summary_markdown(summary: list[ModeResult]) -> str:
     """One row per mode: accuracy, tokens per forward, tokens/s and speed-up at the evaluation batch
     (and at batch 1 when measured), the seconds its first batches took to compile (at batch 1 too:
-    `compile_s`, `compile_s_batch1`) when rows carry them, and the knobs when a row carries a `point`
-    description."""
-    b1 = any("tokens_per_s_batch1" in r for r in summary)
-    compiled = any(r.get("compile_s") is not None for r in summary)
-    knobs = any(r.get("point") for r in summary)
-    drafts = any(r.get("accepted_per_cycle") is not None for r in summary)
-    batch = summary[0]["batch_size"] if summary else "B"
+    `compile_s`, `compile_s_batch1`), and the knobs when a result carries a `point` description."""
+    b1 = any(r.tokens_per_s_batch1 is not None for r in summary)
+    compiled = any(r.compile_s is not None for r in summary)
+    knobs = any(r.point for r in summary)
+    drafts = any(r.accepted_per_cycle is not None for r in summary)
+    batch = summary[0].batch_size if summary else "B"
     head = ["mode"] + (["knobs"] if knobs else []) + ["exact match", "tokens / forward"]
     head += ["drafts accepted / cycle"] if drafts else []
     head += [f"tokens / s (batch {batch})", "speed-up vs AR"]
@@ -425,38 +460,36 @@ def summary_markdown(summary: list[dict]) -> str:
     head += ["compile s"] if compiled else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
-    def speed(r, suffix):
-        v = r.get(f"speedup_vs_ar{suffix}")
-        return f"{v:.2f}×" if v is not None else "–"
+    def num(v, fmt, unit=""):
+        return f"{v:{fmt}}{unit}" if v is not None else "–"
 
     for r in summary:
-        cells = [r["label"]] + ([r.get("point") or "–"] if knobs else [])
-        cells += [f"{100 * r['accuracy']:.1f}%", f"{r['tokens_per_forward']:.2f}"]
+        cells = [r.label] + ([r.point or "–"] if knobs else [])
+        cells += [f"{100 * r.accuracy:.1f}%", f"{r.tokens_per_forward:.2f}"]
         if drafts:  # drafts kept per cycle (Ψ-Spec's LoRA and self drafters count c0, drawn from the AR row)
-            a = r.get("accepted_per_cycle")
-            cells += [f"{a:.2f}" if a is not None else "–"]
-        cells += [f"{r['tokens_per_s']:.1f}", speed(r, "")]
+            cells += [num(r.accepted_per_cycle, ".2f")]
+        cells += [f"{r.tokens_per_s:.1f}", num(r.speedup_vs_ar, ".2f", "×")]
         if b1:
-            t1 = r.get("tokens_per_s_batch1")
-            cells += [f"{t1:.1f}" if t1 is not None else "–", speed(r, "_batch1")]
+            cells += [num(r.tokens_per_s_batch1, ".1f"), num(r.speedup_vs_ar_batch1, ".2f", "×")]
         if compiled:
-            times = [r.get(k) for k in ("compile_s", "compile_s_batch1") if r.get(k) is not None]
+            times = [t for t in (r.compile_s, r.compile_s_batch1) if t is not None]
             cells += [" + ".join(f"{t:.1f}" for t in times) or "–"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def write_outputs(out_dir: str, summary: list[dict], predictions: list[dict], extra: dict | None = None,
+def write_outputs(out_dir: str, summary: list[ModeResult], predictions: list[Prediction], extra: dict | None = None,
                   markdown: str | None = None) -> None:
-    """predictions.jsonl, summary.md (`markdown`, default the summary table) and, last, summary.json in
-    `out_dir`, so that a summary.json is there only when the files beside it are its own. A new `out_dir`
-    appears whole (written under a temporary name, renamed when complete); in an existing one the old
-    summary.json is removed first and each file is replaced atomically. An error or a signal leaves no
-    half-written file."""
+    """predictions.jsonl, summary.md (`markdown`, default the summary table) and, last, summary.json (the
+    results' `to_json`, then `extra`) in `out_dir`, so that a summary.json is there only when the files
+    beside it are its own. A new `out_dir` appears whole (written under a temporary name, renamed when
+    complete); in an existing one the old summary.json is removed first and each file is replaced
+    atomically. An error or a signal leaves no half-written file."""
     # Serialized first: a value that is not JSON fails before anything is touched.
-    texts = {"predictions.jsonl": "".join(json.dumps(r) + "\n" for r in predictions),
+    texts = {"predictions.jsonl": "".join(json.dumps(p.to_json()) + "\n" for p in predictions),
              "summary.md": summary_markdown(summary) if markdown is None else markdown,
-             "summary.json": json.dumps({"modes": summary, **(extra or {})}, indent=2)}  # last: the marker
+             "summary.json": json.dumps({"modes": [r.to_json() for r in summary], **(extra or {})},
+                                        indent=2)}  # last: the marker
 
     def write(directory: str) -> None:
         for name, text in texts.items():
@@ -470,6 +503,3 @@ def write_outputs(out_dir: str, summary: list[dict], predictions: list[dict], ex
         os.remove(os.path.join(out_dir, "summary.json"))
     write(out_dir)
 
-
-# Where a checkpoint's prompt format comes from (kept under its former name here).
-prompt_format_for = prompt_format

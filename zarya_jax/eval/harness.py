@@ -6,11 +6,12 @@
 - `ckpt` (required): a `zarya_jax.checkpoint` directory, read by `zarya_jax.inference.load_for_inference`;
   `tokenizer`: a tokenizer directory (wins over the checkpoint's own); `lora`: an adapter directory for
   `mode=spec-lora` or `spec-lora-fused`; `draft`: a draft model checkpoint for `mode=spec-model`.
-- `mode`: an evaluation mode of `zarya_jax.eval.evaluate` (`ar`, `mdm`, `slotted`, `spec-self`,
-  `spec-lora`, `spec-model`, `spec-self-fused`, `spec-lora-fused`) for `generate_until`; any other
-  `key=value` is a `GenerationConfig` knob (`slot_size=8`,
-  `draft_length=4`, `temperature=0.7`, …), typed and checked like `evaluate --knob`. A knob given here
-  wins over the task's `temperature` / `do_sample`.
+- `mode`: a decoding mode (`ar`, `mdm`, `slotted`, `spec-self`, `spec-lora`, `spec-model`,
+  `spec-self-fused`, `spec-lora-fused`; `zarya_jax.sampling.modes`) for `generate_until`; any other
+  `key=value` is a knob of that mode — a field of its dataclass (`slot_size=8`, `draft_length=4`) or a
+  shared sampling field (`temperature=0.7`) — typed and checked like `evaluate --knob MODE.FIELD=VALUE`
+  (a field the mode does not have is an error naming its fields). A knob given here wins over the
+  task's `temperature` / `do_sample`.
 - `format.FIELD=VALUE`: a field of the checkpoint's recorded prompt format (`render=false`: send lm-eval's
   text unchanged, e.g. with lm-eval's own `--apply_chat_template`).
 - `max_length` (default min(2048, the model's positions)): the longest scored sequence; `length_bucket`
@@ -52,7 +53,7 @@ from ..inference import load_for_inference
 from ..nn import model as model_lib
 from ..sampling import GenerationConfig, generate
 from ..sampling.prompts import bucket_length
-from .evaluate import ADAPTER_MODES, MODES, generation_config
+from .evaluate import ADAPTER_MODES, DRAFT_MODEL_MODES, MODES, SHARED_TYPES, generation_config
 
 
 @functools.partial(jax.jit, static_argnums=(1,))
@@ -91,13 +92,13 @@ class ZaryaLM(LM):
         self.knobs = {k: v for k, v in knobs.items() if not k.startswith("format.")}
         self.mode, self.batch_size, self.seed, self.render = mode, int(batch_size), int(seed), bool(render)
         self.length_bucket = int(length_bucket)
-        generation_config(mode, 1, {"*": self.knobs})  # typos and bad values fail here, before any request
+        generation_config(mode, 1, {mode: self.knobs})  # typos and bad values fail here, before any request
         if mode in ADAPTER_MODES and not lora:
             raise ConfigError(f"mode={mode} needs lora=ADAPTER_DIR")
-        if mode == "spec-model" and not draft:
-            raise ConfigError("mode=spec-model needs draft=DRAFT_CKPT_DIR")
+        if mode in DRAFT_MODEL_MODES and not draft:
+            raise ConfigError(f"mode={mode} needs draft=DRAFT_CKPT_DIR")
         model = load_for_inference(ckpt, tokenizer=tokenizer, adapter=lora if mode in ADAPTER_MODES else None,
-                                   draft=draft if mode == "spec-model" else None,
+                                   draft=draft if mode in DRAFT_MODEL_MODES else None,
                                    format_overrides=formats)
         self.params, self.config, self.tokenizer, self.format = model.params, model.config, model.tokenizer, \
             model.prompt_format
@@ -187,13 +188,12 @@ class ZaryaLM(LM):
 
     def generation_config(self, gen_kwargs: dict) -> GenerationConfig:
         """The mode's GenerationConfig for a task's gen_kwargs (`max_gen_toks`, `do_sample`, `temperature`,
-        and any other GenerationConfig field), with the model_args knobs on top."""
-        fields = ov.field_types(GenerationConfig)
+        and any other shared sampling field), with the model_args knobs on top."""
         max_new = int(gen_kwargs.pop("max_gen_toks", 256))
         do_sample = bool(gen_kwargs.pop("do_sample", False))
-        task = {k: v for k, v in gen_kwargs.items() if k in fields}
+        task = {k: v for k, v in gen_kwargs.items() if k in SHARED_TYPES}
         task["temperature"] = float(task.get("temperature", 1.0)) if do_sample else 0.0
-        return generation_config(self.mode, max_new, {"*": {**task, **self.knobs}})
+        return generation_config(self.mode, max_new, {"*": task, self.mode: self.knobs})
 
     def score(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
         """(sum of log p(continuation | context), all greedy) per (context ids, continuation ids), in batches

@@ -14,7 +14,6 @@ says which settings differ.
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -59,7 +58,7 @@ def settings(ev: EvalConfig, knobs: dict[str, dict], *, ckpt: str, data: str, pr
             "lora": content(lora) if any(m in ADAPTER_MODES for m in ev.modes) else None,
             "draft_ckpt": content(draft_ckpt) if "spec-model" in ev.modes else None,
             "tokenizer": content(tokenizer), "eval": section,
-            "generation": {m: dataclasses.asdict(generation_config(m, ev.max_new_tokens, knobs)) for m in ev.modes},
+            "generation": {m: generation_config(m, ev.max_new_tokens, knobs).as_dict() for m in ev.modes},
             "prompt_format": ov.to_dict(prompt_format), "diagnose": list(diagnose) if diagnose else None}
 
 

@@ -1,28 +1,34 @@
-"""The experiment's configuration: one typed tree of sections, each a frozen dataclass.
+"""The experiment's configuration: one typed tree of sections, each a frozen dataclass, composed from the
+library's own configs rather than copies of their fields.
 
-`ExperimentConfig` is the trainer's sections (`model`, `zarya`, `optim`, `data`, `mesh`, `train`, see
-`zarya_jax.train.config`) plus `task` (the embedded task generator, or your own files), `drafter`
-(Uno's LoRA drafter, trained only for `spec-lora` / `spec-lora-fused`), `draft_model` (an independent draft model, trained only
-for `spec-model`), `eval` (modes, budget, batch, answer extraction and
-per-mode decoding knobs `eval.knobs.<mode>.<GenerationConfig field>`), `frontier` (the grid and the
-choice rule) and `goals` (the numbers the report's targets are measured against). Every `--set` of the
-quickstart and every key of a sweep file is a dotted key of this tree, typed and checked by
-`zarya_jax.overrides`; each field is validated once, where its section is built.
+`ExperimentConfig` holds the trainer's sections (`model`, `zarya`, `optim`, `data`, `mesh`, `train`, see
+`zarya_jax.train.config`; `config.trainer` is them as the `RunConfig` the training loop takes), `task` (the
+embedded task generator, or your own files), `drafter` (`DrafterRun`: Uno's LoRA drafter, trained only for
+`spec-lora` / `spec-lora-fused`, from its `lora` adapter, `objective`, `dcd` and `optim` sections),
+`draft_model` (`DraftModelRun`: an independent draft model, trained only for `spec-model`, with its own
+`objective` and `optim`), `eval` (modes, budget, batch, answer extraction and per-mode decoding knobs
+`eval.knobs.<mode>.<field>`), `frontier` (the grid and the choice rule) and `goals` (the numbers the
+report's targets are measured against). Every `--set` of the quickstart and every key of a sweep file is a
+dotted key of this tree (`drafter.optim.weight_decay`, `draft_model.optim.lr`, `drafter.lora.rank`), typed
+and checked by `zarya_jax.overrides`; each field is validated once, where its section is built. A key
+that has moved (`drafter.lr`, now `drafter.optim.lr`) is an error naming its new place (`MOVED_KEYS`).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+from typing import ClassVar
 
 from ..config import ConfigError, LoraConfig, ModelConfig, ZaryaConfig
 from ..data.pipeline import DataConfig
 from ..eval import tasks
-from ..eval.evaluate import EvalConfig, Knobs, ModeKnobs
+from ..eval.evaluate import EvalConfig, mode_knobs
 from ..eval.frontier import FrontierConfig
-from ..objectives.distill import LOSSES as DRAFT_LOSSES
+from ..objectives.distill import DistillConfig
 from ..objectives.dcd import DcdConfig
 from ..objectives.drafter import DrafterConfig
-from ..train.config import RunConfig, TrainConfig
+from ..train.config import PRESENTATION, RunConfig, TrainConfig
+from ..train.sharding import MeshConfig
 from ..train.optim import OptimConfig
 
 DEFAULT_MODES = ("ar", "mdm", "slotted", "spec-self", "spec-lora", "spec-self-fused", "spec-lora-fused")
@@ -33,6 +39,10 @@ UNO_MODES = ("ar", "spec-lora", "spec-lora-fused")
 # Zarya base already drafts (its MDM rows) and the default 400 steps of 8 suffice (docs/uno.md)
 UNO_DEFAULTS = {"eval.modes": list(UNO_MODES), "data.batch_size": 32, "train.steps": 1500, "optim.warmup_steps": 100,
                 "drafter.steps": 1500, "drafter.batch_size": 16}
+# Uno trains the adapter, and a draft model, without weight decay, on a short cosine schedule of their own
+# (neither is the base model's optimizer: `optim`).
+DRAFTER_OPTIM = OptimConfig(lr=2e-3, warmup_steps=20, schedule="cosine", weight_decay=0.0)
+DRAFT_MODEL_OPTIM = OptimConfig(lr=3e-3, warmup_steps=20, schedule="cosine", weight_decay=0.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,74 +69,63 @@ class TaskSection:
             raise ConfigError("task.train_file and task.test_file must be given together")
 
 
+def _at_least_one(section: str, value, *names) -> None:
+    for name in names:
+        if getattr(value, name) < 1:
+            raise ConfigError(f"{section}.{name}={getattr(value, name)}: expected ≥ 1")
+
+
 @dataclasses.dataclass(frozen=True)
-class DrafterSection:
-    """Uno's LoRA drafter, trained on the frozen checkpoint only when `eval.modes` has spec-lora (docs/algorithms.md §7):
-    its adapter (`rank`, `alpha`, the `noise` convention of its draft rows, the `layers` that carry it: all |
-    top | bottom | indices, `LoraConfig.layers`), its objective (the block curriculum `block_sizes`, the loss
-    weights `tv_weight`, `ce_weight`, `kl_weight`, and `objective`: tv | dcd, with the consistency-distillation
-    knobs `dcd.*`, `objectives.dcd.DcdConfig`), its optimizer (`lr`, `warmup_steps`) and its run (`steps`,
-    `batch_size`). The rest of its run comes from the experiment's own sections (data, mesh, train) and the
-    tokenizer and prompt format from the base checkpoint. `task_difficulty` (0: the task's) and `task_seed`
-    (-1: the task's) train it on shifted data instead: the embedded task at another difficulty or seed (the
-    held-out splits' prompts excluded), while it is still evaluated on the experiment's own test split."""
+class DrafterRun:
+    """Uno's LoRA drafter, trained on the frozen checkpoint only when `eval.modes` has spec-lora (docs/algorithms.md
+    §7): its adapter (`lora`: `rank`, `alpha`, the `noise` convention of its draft rows, the `layers` that carry
+    it, `LoraConfig`), its objective (`objective`: the block curriculum `block_sizes` / `block_borders`, the
+    loss weights `tv_weight`, `ce_weight`, `kl_weight`, and `objective.objective`: tv | dcd, `DrafterConfig`),
+    consistency distillation (`dcd`, `DcdConfig`), its optimizer (`optim`, `OptimConfig`: AdamW at lr 2e-3,
+    20 warmup steps, cosine, no weight decay) and its run (`steps`, `batch_size`). The rest of its run comes
+    from the experiment's trainer sections (data, mesh, train) and the tokenizer and prompt format from the
+    base checkpoint. `task_difficulty` (0: the task's) and `task_seed` (-1: the task's) train it on shifted
+    data instead: the embedded task at another difficulty or seed (the held-out splits' prompts excluded),
+    while it is still evaluated on the experiment's own test split."""
 
     steps: int = 400
-    rank: int = 16
-    alpha: float = 32.0
-    lr: float = 2e-3
-    warmup_steps: int = 20
     batch_size: int = 8
-    block_sizes: tuple[int, ...] = (2, 4, 8, 16)
-    noise: str = "uniform"
-    tv_weight: float = 1.0
-    ce_weight: float = 1.0  # TV alone stalls on a plain AR base (docs/uno.md: the diagnostics)
-    kl_weight: float = 0.0
+    lora: LoraConfig = LoraConfig(rank=16, alpha=32.0)
+    # CE on: TV alone stalls on a plain AR base (docs/uno.md: the diagnostics)
+    objective: DrafterConfig = DrafterConfig(block_sizes=(2, 4, 8, 16), ce_weight=1.0)
+    dcd: DcdConfig = DcdConfig()
+    optim: OptimConfig = DRAFTER_OPTIM
     task_difficulty: int = 0
     task_seed: int = -1
-    layers: str | tuple[int, ...] = "all"
-    objective: str = "tv"
-    dcd: DcdConfig = DcdConfig()
 
     def __post_init__(self):
-        for name in ("steps", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"drafter.{name}={getattr(self, name)}: expected ≥ 1")
+        _at_least_one("drafter", self, "steps", "batch_size")
         if self.task_difficulty:
             tasks.task_config(self.task_difficulty)
         if self.task_seed < -1:
             raise ConfigError(f"drafter.task_seed={self.task_seed}: expected a seed ≥ 0, or -1 (the task's own)")
-        self.lora_config(), self.objective_config()  # their own checks, now rather than after training
 
     def shifted(self) -> bool:
         """Whether the drafter trains on other data than the base (another difficulty or task seed)."""
         return bool(self.task_difficulty) or self.task_seed >= 0
 
-    def lora_config(self) -> LoraConfig:
-        return LoraConfig(rank=self.rank, alpha=self.alpha, noise=self.noise, layers=self.layers)
-
-    def objective_config(self) -> DrafterConfig:
-        return DrafterConfig(block_sizes=self.block_sizes, tv_weight=self.tv_weight, ce_weight=self.ce_weight,
-                             kl_weight=self.kl_weight, objective=self.objective)
-
 
 @dataclasses.dataclass(frozen=True)
-class DraftModelSection:
+class DraftModelRun:
     """The independent draft model of `spec-model` (docs/algorithms.md §7.6), trained for the frozen checkpoint only
-    when `eval.modes` has spec-model: its loss (`ntp`: next-token loss on the data; `tv`: distilled from
+    when `eval.modes` has spec-model: its objective (`objective`, `DistillConfig`: `loss` tv, distilled from
     the base, + `ce_weight` × cross-entropy: 1 by default, as TV alone stalls from a random init, see
-    docs/uno.md), its run (`steps`, `lr`, `warmup_steps`, `batch_size`) and
-    its size: explicit (`hidden_size` > 0, with `intermediate_size`, `num_layers`, `num_heads`,
-    `num_kv_heads`, the base's head_dim; embeddings tied), or `params_ratio` × the parameters of the
-    experiment's LoRA drafter (`drafter.rank` on the base; `train.draft_model.sized_to`: the largest model
-    of the base's shape family within that budget, every parameter counted, the tied embedding once)."""
+    docs/uno.md; or ntp, next-token loss on the data), its optimizer (`optim`: AdamW at lr 3e-3, 20 warmup
+    steps, cosine, no weight decay), its run (`steps`, `batch_size`) and its size: explicit (`hidden_size` >
+    0, with `intermediate_size`, `num_layers`, `num_heads`, `num_kv_heads`, the base's head_dim; embeddings
+    tied), or `params_ratio` × the parameters of the experiment's LoRA drafter (`drafter.lora` on the base;
+    `train.draft_model.sized_to`: the largest model of the base's shape family within that budget, every
+    parameter counted, the tied embedding once)."""
 
-    loss: str = "tv"
-    ce_weight: float = 1.0
     steps: int = 300
-    lr: float = 3e-3
-    warmup_steps: int = 20
     batch_size: int = 16
+    objective: DistillConfig = DistillConfig(loss="tv", ce_weight=1.0)
+    optim: OptimConfig = DRAFT_MODEL_OPTIM
     params_ratio: float = 1.0
     hidden_size: int = 0
     intermediate_size: int = 0
@@ -135,15 +134,9 @@ class DraftModelSection:
     num_kv_heads: int = 0
 
     def __post_init__(self):
-        if self.loss not in DRAFT_LOSSES:
-            raise ConfigError(f"draft_model.loss={self.loss!r}: expected one of {DRAFT_LOSSES}")
-        for name in ("steps", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"draft_model.{name}={getattr(self, name)}: expected ≥ 1")
+        _at_least_one("draft_model", self, "steps", "batch_size")
         if not self.params_ratio > 0:
             raise ConfigError(f"draft_model.params_ratio={self.params_ratio}: expected > 0")
-        if self.ce_weight < 0:
-            raise ConfigError(f"draft_model.ce_weight={self.ce_weight}: expected ≥ 0")
         explicit = ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads")
         if self.hidden_size and any(getattr(self, f) < 1 for f in explicit):
             raise ConfigError(f"draft_model: an explicit size (hidden_size={self.hidden_size}) needs every one of "
@@ -169,16 +162,31 @@ class GoalsSection:
 
 
 @dataclasses.dataclass(frozen=True)
-class ExperimentConfig(RunConfig):
-    """The trainer's sections plus the task, the drafter, the draft model, the evaluation, the frontier and
-    the goals."""
+class ExperimentConfig:
+    """The trainer's sections, then the task, the drafter, the draft model, the evaluation, the frontier and
+    the goals. Each stage of `zarya_jax.experiment.stages` takes the sections it reads, never the whole."""
 
+    model: ModelConfig
+    zarya: ZaryaConfig = ZaryaConfig()
+    optim: OptimConfig = OptimConfig()
+    data: DataConfig = DataConfig()
+    mesh: MeshConfig = MeshConfig()
+    train: TrainConfig = TrainConfig()
     task: TaskSection = TaskSection()
-    drafter: DrafterSection = DrafterSection()
-    draft_model: DraftModelSection = DraftModelSection()
+    drafter: DrafterRun = DrafterRun()
+    draft_model: DraftModelRun = DraftModelRun()
     eval: EvalConfig = EvalConfig()
     frontier: FrontierConfig = FrontierConfig()
     goals: GoalsSection = GoalsSection()
+
+    # The keys of the former flat drafter / draft-model sections, and where each lives now: a sweep file
+    # or `--set` still naming one is an error that names the new key (`zarya_jax.overrides`).
+    MOVED_KEYS: ClassVar[dict[str, str]] = {
+        **{f"drafter.{k}": f"drafter.lora.{k}" for k in ("rank", "alpha", "noise", "layers")},
+        **{f"drafter.{k}": f"drafter.objective.{k}" for k in ("block_sizes", "tv_weight", "ce_weight", "kl_weight")},
+        "drafter.objective": "drafter.objective.objective",
+        **{f"{s}.{k}": f"{s}.optim.{k}" for s in ("drafter", "draft_model") for k in ("lr", "warmup_steps")},
+        **{f"draft_model.{k}": f"draft_model.objective.{k}" for k in ("loss", "ce_weight")}}
 
     def __post_init__(self):
         if self.drafter.shifted() and self.task.train_file:
@@ -187,6 +195,15 @@ class ExperimentConfig(RunConfig):
         if self.frontier.enabled and not (self.task.num_val or self.task.val_file):
             raise ConfigError("the frontier chooses decoding knobs on a validation split: set task.num_val ≥ 1 (or "
                               "task.val_file), or frontier.enabled=false to use eval.knobs")
+
+    @property
+    def trainer(self) -> RunConfig:
+        """The trainer's sections, as the `RunConfig` that `train.loop.train` takes."""
+        return RunConfig(model=self.model, zarya=self.zarya, optim=self.optim, data=self.data, mesh=self.mesh,
+                         train=self.train)
+
+    def replace(self, **sections) -> "ExperimentConfig":
+        return dataclasses.replace(self, **sections)
 
 
 def default_config() -> ExperimentConfig:
@@ -210,12 +227,13 @@ def default_config() -> ExperimentConfig:
                           async_checkpointing=False),
         eval=EvalConfig(modes=DEFAULT_MODES, max_new_tokens=32, batch_size=25, limit=0, answer="final",
                         answer_regex="", seed=0, ckpt="", batch1_examples=40,
-                        knobs=ModeKnobs(mdm=Knobs(steps=8, alpha0=0.5),
-                                        slotted=Knobs(slot_size=8, serial_num_blocks=4, slot_threshold=0.9,
-                                                      token_threshold=0.9, ar_infill=True, ar_first_token=True),
-                                        spec_self=Knobs(draft_length=8), spec_lora=Knobs(draft_length=8),
-                                        spec_model=Knobs(draft_length=4), spec_self_fused=Knobs(draft_length=4),
-                                        spec_lora_fused=Knobs(draft_length=4))),
+                        knobs=mode_knobs({"mdm": {"steps": 8, "alpha0": 0.5},
+                                          "slotted": {"slot_size": 8, "serial_num_blocks": 4, "slot_threshold": 0.9,
+                                                      "token_threshold": 0.9, "ar_infill": True,
+                                                      "ar_first_token": True},
+                                          "spec-self": {"draft_length": 8}, "spec-lora": {"draft_length": 8},
+                                          "spec-model": {"draft_length": 4}, "spec-self-fused": {"draft_length": 4},
+                                          "spec-lora-fused": {"draft_length": 4}})),
         frontier=FrontierConfig())
 
 
@@ -223,28 +241,26 @@ SMOKE = {"task.num_train": 64, "task.num_test": 4, "task.num_val": 4, "model.hid
          "model.intermediate_size": 64, "model.num_layers": 1, "model.num_heads": 2, "model.num_kv_heads": 1,
          "model.head_dim": 16, "zarya.slot_size_set": [4], "zarya.slot_step_borders": [1.0], "data.batch_size": 8,
          "optim.warmup_steps": 2, "train.steps": 4, "drafter.steps": 4, "drafter.batch_size": 8,
-         "drafter.warmup_steps": 1, "drafter.block_sizes": [4], "train.log_every": 1,
+         "drafter.optim.warmup_steps": 1, "drafter.objective.block_sizes": [4], "train.log_every": 1,
          "train.save_every": 0, "eval.batch_size": 4, "eval.max_new_tokens": 8, "eval.batch1_examples": 2,
          "eval.knobs.slotted.slot_size": 4, "eval.knobs.slotted.serial_num_blocks": 2,
-         "eval.knobs.spec-self.draft_length": 4, "frontier.slotted_slot_size": [4],
-         "frontier.slotted_serial_num_blocks": [0], "frontier.slotted_slot_threshold": [0.9],
-         "frontier.slotted_token_threshold": [0.5, 0.9], "frontier.slotted_corrections": ["refusion", "both"],
-         "frontier.mdm_steps": [0, 2], "frontier.mdm_alpha0": [0.5], "frontier.mdm_orders": ["confidence"],
-         "frontier.mdm_sequential": ["ar"], "frontier.draft_lengths": [4], "frontier.fused_draft_lengths": [2],
-         "draft_model.steps": 4,
-         "draft_model.batch_size": 8}
+         "eval.knobs.spec-self.draft_length": 4, "frontier.grid.slotted.slot_size": [4],
+         "frontier.grid.slotted.serial_num_blocks": [0], "frontier.grid.slotted.slot_threshold": [0.9],
+         "frontier.grid.slotted.token_threshold": [0.5, 0.9],
+         "frontier.grid.slotted.ar_infill,ar_first_token": [[False, False], [True, True]],
+         "frontier.grid.mdm.steps": [0, 2], "frontier.grid.mdm.alpha0": [0.5], "frontier.grid.mdm.order": ["confidence"],
+         "frontier.grid.mdm.sequential": ["ar"],
+         **{f"frontier.grid.{m}.draft_length": [4] for m in ("spec-self", "spec-lora", "spec-model")},
+         **{f"frontier.grid.{m}.draft_length": [2] for m in ("spec-self-fused", "spec-lora-fused")},
+         "draft_model.steps": 4, "draft_model.batch_size": 8}
 """The smoke size (`--smoke`, tests): seconds instead of minutes, a tiny model, a handful of steps and
 examples, one slot size."""
-
-
-# Settings that change how a run is shown or checked, not what it computes.
-_PRESENTATION = {"train": ("progress_bar", "verify_checkpoints", "allow_tokenizer_mismatch")}
 
 
 def comparable(config_dict: dict) -> dict:
     """A config as JSON (`overrides.to_dict`), without the settings that do not change the results."""
     out = json.loads(json.dumps(config_dict))
-    for section, names in _PRESENTATION.items():
-        for name in names:
-            out.get(section, {}).pop(name, None)
+    for key in PRESENTATION:  # how a run is shown or checked, not what it computes (`train.config`)
+        section, _, name = key.partition(".")
+        out.get(section, {}).pop(name, None)
     return out

@@ -14,17 +14,12 @@ matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
-from matplotlib.ticker import MaxNLocator, PercentFormatter  # noqa: E402
 from matplotlib.transforms import Bbox  # noqa: E402
 
-from zarya_jax.files import atomic_path  # noqa: E402
-
-
-def _save(fig, path: str) -> None:
-    """Atomic PNG write."""
-    with atomic_path(path, suffix=".png") as tmp:
-        fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+from zarya_jax.plotting import accuracy_axis as _accuracy_axis  # noqa: E402  (the axes shared with rl.plots)
+from zarya_jax.plotting import from_zero as _from_zero  # noqa: E402
+from zarya_jax.plotting import integer_axis as _integer_axis  # noqa: E402
+from zarya_jax.plotting import save_figure as _save  # noqa: E402
 
 
 MODE_COLORS = {"ar": "black", "mdm": "tab:orange", "slotted": "tab:blue", "spec-self": "tab:green",
@@ -40,31 +35,10 @@ LABEL_OFFSETS = [(dx, sign * dy) for dy in (4, 16, 30, 46, 64, 84) for sign in (
 LEADER_FROM = 10  # offsets at least this far (points) draw a line from the label to its point
 
 
-def _accuracy_axis(ax, label: str = "exact match") -> None:
-    """Accuracy is a share: the axis is 0–100 % whatever the data (an all-zero run must not get a
-    ±0.04 axis); markers on the bounds are drawn unclipped (`clip_on=False` where they are plotted)."""
-    ax.set_ylim(0, 100)
-    ax.yaxis.set_major_formatter(PercentFormatter(100, decimals=0))
-    ax.set_ylabel(label)
-
-
-def _from_zero(ax, values, label: str) -> None:
-    """A count, rate or time (never negative): the axis starts at 0 and fits the largest value, with room
-    above it; all zero (or none) gives 0–1, not a ±0.05 axis around nothing."""
-    top = max([v for v in values if v is not None] + [0.0])
-    ax.set_ylim(0, 1.1 * top if top > 0 else 1.0)
-    ax.set_ylabel(label)
-
-
 def _spans_decades(values) -> bool:
     """Whether the values are all positive and span at least `LOG_DECADES` orders of magnitude."""
     values = [v for v in values if v is not None]
     return bool(values) and min(values) > 0 and max(values) / min(values) >= 10 ** LOG_DECADES
-
-
-def _integer_axis(axis) -> None:
-    """Whole-number ticks (steps, draft positions): no 2.5 steps on a 4-step run."""
-    axis.set_major_locator(MaxNLocator(integer=True))
 
 
 def _marker_box(ax, x: float, y: float, radius_pt: float) -> Bbox:

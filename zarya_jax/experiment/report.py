@@ -1,7 +1,7 @@
-"""The report's files: `report.md` (Markdown, rendered from the `report.json` document, so any saved
-report can be rendered again), `report.png` (the frontier against tokens per forward and tokens/s, the
-loss curve) and `report.json`, each written atomically, `report.json` last: a `report.json` means a
-complete report."""
+"""The report's files: `report.md` (Markdown, rendered from the typed `Report`, which any saved
+`report.json` reads back into, so any saved report can be rendered again), `report.png` (the frontier
+against tokens per forward and tokens/s, the loss curve) and `report.json`, each written atomically,
+`report.json` last: a `report.json` means a complete report."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ from ..eval import diagnose, frontier
 from ..eval.evaluate import MODE_LABELS, summary_markdown
 from ..files import atomic_write, atomic_write_json
 from ..provenance import describe
-from .results import Report
+from .results import Report, Target
 
 
 def _pct(x):
@@ -37,77 +37,76 @@ def target_unit(target: str) -> str:
     return "gap"                # accuracy within … of AR, lossless: the difference to AR's exact match
 
 
-def targets_markdown(targets: list[dict]) -> str:
+def targets_markdown(targets: list[Target]) -> str:
     """The targets table: one column per unit in use (the others left out), a value in the column of its
     unit and – in the rest."""
-    units = [u for u in TARGET_COLUMNS if any(target_unit(t["target"]) == u for t in targets)]
+    units = [u for u in TARGET_COLUMNS if any(target_unit(t.target) == u for t in targets)]
     lines = ["| target | " + " | ".join(TARGET_COLUMNS[u][0] for u in units) + " | met |",
              "|---|" + "---|" * len(units) + "---|"]
     for t in targets:
-        unit = target_unit(t["target"])
-        cells = [TARGET_COLUMNS[u][1](t["value"]) if u == unit and t["value"] is not None else "–" for u in units]
-        lines.append(f"| {t['target']} | " + " | ".join(cells) + f" | {'yes' if t['met'] else 'no'} |")
+        unit = target_unit(t.target)
+        cells = [TARGET_COLUMNS[u][1](t.value) if u == unit and t.value is not None else "–" for u in units]
+        lines.append(f"| {t.target} | " + " | ".join(cells) + f" | {'yes' if t.met else 'no'} |")
     return "\n".join(lines)
 
 
-def report_markdown(report: dict) -> str:
-    """The Markdown report of a `report.json` document (`Report.to_json()`)."""
+def report_markdown(report: Report) -> str:
+    """The Markdown report of a `Report` (`Report.from_json` reads any saved `report.json` back)."""
     lines = ["# Zarya quickstart report", ""]
-    m = report["model"]
-    lines.append(describe(report.get("provenance") or {}))
+    m = report.model
+    lines.append(describe(report.provenance or {}))
     lines.append(f"Model: {m['params'] / 1e6:.2f}M parameters ({m['num_layers']} layers, hidden {m['hidden_size']}), "
-                 f"checkpoint `{report['checkpoint']}`.")
-    if report["train"]:
-        t = report["train"]
-        tps = f"{t['tokens_per_s']:.0f}" if t.get("tokens_per_s") else "–"
-        loss = f"{t['loss']:.4f}" if t.get("loss") is not None else "–"
-        wall = f"{t['wall_s']:.0f} s" if t.get("wall_s") is not None else "– s"
-        lines.append(f"Training: {t['step']} steps, final loss {loss}, {wall}, {tps} tokens/s.")
-    modes = report["modes"]
-    front = report.get("frontier")
-    tol = report["config"]["frontier"]["tolerance"]
-    how = (f"knobs chosen per mode on {front['validation_examples']} validation examples (the most tokens per "
+                 f"checkpoint `{report.checkpoint}`.")
+    if report.train:
+        t = report.train
+        tps = f"{t.tokens_per_s:.0f}" if t.tokens_per_s else "–"
+        loss = f"{t.loss:.4f}" if t.loss is not None else "–"
+        wall = f"{t.wall_s:.0f} s" if t.wall_s is not None else "– s"
+        lines.append(f"Training: {t.step} steps, final loss {loss}, {wall}, {tps} tokens/s.")
+    modes, front = report.modes, report.frontier
+    tol = report.config["frontier"]["tolerance"]
+    how = (f"knobs chosen per mode on {front.validation_examples} validation examples (the most tokens per "
            "forward among the points that answer correctly every example AR answers correctly there"
            f"{f', but for {100 * tol:g}% of the examples' if tol else ''}; else the most accurate point)"
            if front else "knobs from eval.knobs")
-    lines += ["", f"Test split: {modes[0]['examples'] if modes else 0} held-out examples, greedy decoding; {how}.",
+    lines += ["", f"Test split: {modes[0].examples if modes else 0} held-out examples, greedy decoding; {how}.",
               "", summary_markdown(modes)]
-    if report["targets"]:
-        lines.append(targets_markdown(report["targets"]))
-    if report.get("diagnostics"):
-        lines += ["", "## Diagnostics (test split)", "", diagnose.markdown(report["diagnostics"])]
+    if report.targets:
+        lines.append(targets_markdown(report.targets))
+    if report.diagnostics:
+        lines += ["", "## Diagnostics (test split)", "", diagnose.markdown(report.diagnostics)]
     if front:
         lines += ["", "## Frontier (validation split)", "",
                   "| mode | knobs | exact match | examples lost to AR | tokens / forward | tokens / s |",
                   "|---|---|---|---|---|---|"]
-        ar = next((p for p in front["points"] if p["mode"] == "ar" and "correct" in p), None)
-        for r in sorted(frontier.pareto(front["points"]), key=lambda r: (list(MODE_LABELS).index(r["mode"]),
-                                                                          r["tokens_per_forward"])):
-            lost = frontier.losses_to(ar, r) if ar and "correct" in r else "–"
-            lines.append(f"| {r['label']} | {r['point'] or '–'} | {_pct(r['accuracy'])} | {lost} | "
-                         f"{r['tokens_per_forward']:.2f} | {r['tokens_per_s']:.0f} |")
-        lines.append(f"\n{len(front['points'])} points in all (`report.json` → frontier.points); the table lists "
+        ar = next((p for p in front.points if p.mode == "ar"), None)
+        for p in sorted(frontier.pareto(front.points), key=lambda p: (list(MODE_LABELS).index(p.mode),
+                                                                       p.tokens_per_forward)):
+            lost = frontier.losses_to(ar, p) if ar else "–"
+            lines.append(f"| {p.label} | {p.point or '–'} | {_pct(p.accuracy)} | {lost} | "
+                         f"{p.tokens_per_forward:.2f} | {p.tokens_per_s:.0f} |")
+        lines.append(f"\n{len(front.points)} points in all (`report.json` → frontier.points); the table lists "
                      "those no other point of the same mode beats on both accuracy and tokens per forward. "
                      "Examples lost to AR: answered wrongly where AR answers correctly.")
-    lines += ["", f"Total wall time: {report['wall_s']:.0f} s.", ""]
+    lines += ["", f"Total wall time: {report.wall_s:.0f} s.", ""]
     return "\n".join(lines)
 
 
-def render_report(workdir: str, doc: dict | None = None) -> None:
-    """report.md and report.png from a `report.json` document (by default the one in `workdir`): a saved
+def render_report(workdir: str, report: Report | None = None) -> None:
+    """report.md and report.png of `report` (by default the `report.json` in `workdir`, read back): a saved
     report drawn again with this code, no training or evaluation."""
     from .plots import frontier_plot  # matplotlib only when a report is written
 
-    if doc is None:
+    if report is None:
         with open(os.path.join(workdir, "report.json")) as f:
-            doc = json.load(f)
-    atomic_write(os.path.join(workdir, "report.md"), report_markdown(doc))
-    points = doc["frontier"]["points"] if doc.get("frontier") else []
-    frontier_plot(points, doc["modes"], doc["loss_curve"], os.path.join(workdir, "report.png"), "Zarya quickstart")
+            report = Report.from_json(json.load(f))
+    atomic_write(os.path.join(workdir, "report.md"), report_markdown(report))
+    points = [p.to_json() for p in report.frontier.points] if report.frontier else []
+    frontier_plot(points, [r.to_json() for r in report.modes], report.loss_curve,
+                  os.path.join(workdir, "report.png"), "Zarya quickstart")
 
 
 def write_report(workdir: str, report: Report) -> None:
     """report.md, report.png, then report.json (each atomically): a report.json means a complete report."""
-    doc = report.to_json()
-    render_report(workdir, doc)
-    atomic_write_json(os.path.join(workdir, "report.json"), doc, default=str)
+    render_report(workdir, report)
+    atomic_write_json(os.path.join(workdir, "report.json"), report.to_json(), default=str)

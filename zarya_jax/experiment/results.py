@@ -1,95 +1,15 @@
 """The experiment's typed results: one `ModeResult` per decoding mode (test split), the validation
-`Frontier` of `FrontierPoint`s, the `Target`s measured against the goals, the training's `TrainSummary`,
-and the `Report` that holds them all. `Report.to_json()` is the `report.json` schema;
-`Report.from_json` reads one back (a rerun of an up-to-date workdir returns it)."""
+`Frontier` of `FrontierPoint`s (both defined with the evaluation, `zarya_jax.eval.results`), the `Target`s
+measured against the goals, the training's `TrainSummary`, and the `Report` that holds them all.
+`Report.to_json()` is the `report.json` schema; `Report.from_json` reads one back (a rerun of an
+up-to-date workdir returns it), refusing a key no result type has (a `ValueError` naming it)."""
 from __future__ import annotations
 
 import dataclasses
 
+from ..eval.results import FrontierPoint, ModeResult, Prediction, from_json, to_json
 
-
-def _optional(default=None):
-    return dataclasses.field(default=default, metadata={"optional": True})
-
-
-def _to_json(value) -> dict:
-    """A result dataclass as a JSON-ready dict in field order; optional fields that are None are left out."""
-    out = {}
-    for f in dataclasses.fields(value):
-        v = getattr(value, f.name)
-        if v is None and f.metadata.get("optional"):
-            continue
-        out[f.name] = v.to_json() if hasattr(v, "to_json") else v
-    return out
-
-
-def _from_json(cls, data: dict):
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in data.items() if k in names})
-
-
-@dataclasses.dataclass(frozen=True)
-class ModeResult:
-    """One decoding mode on the test split (`zarya_jax.eval.evaluate`'s summary row): exact-match
-    accuracy, tokens per forward pass, tokens/s and the speed-up over AR at the evaluation batch (and at
-    batch 1 when measured), the `GenerationConfig` it decoded with, and the knobs chosen for it (`point`
-    describes them; `validation_accuracy`: their accuracy on the validation frontier)."""
-
-    mode: str
-    label: str
-    examples: int
-    accuracy: float
-    tokens_per_forward: float
-    tokens_per_s: float
-    generated_tokens: int
-    wall_s: float
-    compile_s: float
-    batch_size: int
-    generation_config: dict
-    tokens_per_s_batch1: float | None = _optional()
-    batch1_examples: int | None = _optional()
-    speedup_vs_ar: float | None = None
-    speedup_vs_ar_batch1: float | None = None
-    knobs: dict = dataclasses.field(default_factory=dict)
-    point: str = ""
-    validation_accuracy: float | None = _optional()
-    accepted_per_cycle: float | None = _optional()
-    acceptance_by_position: list | None = _optional()
-
-    def to_json(self) -> dict:
-        out = _to_json(self)
-        if self.batch1_examples is None:  # measured at batch 1 or not at all: the three keys go together
-            out.pop("speedup_vs_ar_batch1")
-        return out
-
-    @classmethod
-    def from_json(cls, data: dict) -> "ModeResult":
-        return _from_json(cls, data)
-
-
-@dataclasses.dataclass(frozen=True)
-class FrontierPoint:
-    """One (mode, knobs) point decoded on the validation split (`zarya_jax.eval.frontier.sweep`'s row):
-    `correct` holds one bool per example; `within_tolerance` is set on a chosen point only (whether it
-    loses at most the tolerated examples to AR)."""
-
-    mode: str
-    label: str
-    knobs: dict
-    point: str
-    accuracy: float
-    tokens_per_forward: float
-    tokens_per_s: float
-    examples: int
-    correct: list
-    within_tolerance: bool | None = _optional()
-
-    def to_json(self) -> dict:
-        return _to_json(self)
-
-    @classmethod
-    def from_json(cls, data: dict) -> "FrontierPoint":
-        return _from_json(cls, data)
+__all__ = ["Frontier", "FrontierPoint", "ModeResult", "Prediction", "Report", "Target", "TrainSummary"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,9 +27,11 @@ class Frontier:
 
     @classmethod
     def from_json(cls, data: dict) -> "Frontier":
-        return cls(points=[FrontierPoint.from_json(p) for p in data["points"]],
-                   chosen={m: FrontierPoint.from_json(p) for m, p in data["chosen"].items()},
-                   validation_examples=data["validation_examples"])
+        if not isinstance(data, dict):
+            raise ValueError(f"Frontier.from_json: expected a mapping, got {type(data).__name__}")
+        nested = {"points": lambda v: [FrontierPoint.from_json(p) for p in v],
+                  "chosen": lambda v: {m: FrontierPoint.from_json(p) for m, p in v.items()}}
+        return from_json(cls, {k: nested[k](v) if k in nested else v for k, v in data.items()})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +43,7 @@ class Target:
     met: bool
 
     def to_json(self) -> dict:
-        return _to_json(self)
+        return to_json(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,11 +59,17 @@ class TrainSummary:
     wall_s: float | None = None
 
     def to_json(self) -> dict:
-        return _to_json(self)
+        return to_json(self)
 
     @classmethod
     def from_json(cls, data: dict) -> "TrainSummary":
-        return _from_json(cls, data)
+        return from_json(cls, data)
+
+    @classmethod
+    def of(cls, summary: dict) -> "TrainSummary":
+        """What the report keeps of the loop's summary (whose other keys, such as the exported checkpoint's
+        path, are the loop's own)."""
+        return cls(**{f.name: summary.get(f.name) for f in dataclasses.fields(cls)})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,10 +106,10 @@ class Report:
 
     @classmethod
     def from_json(cls, data: dict) -> "Report":
-        return cls(provenance=data["provenance"], checkpoint=data["checkpoint"], model=data["model"],
-                   train=None if data["train"] is None else TrainSummary.from_json(data["train"]),
-                   modes=[ModeResult.from_json(r) for r in data["modes"]],
-                   targets=[Target(**t) for t in data["targets"]],
-                   frontier=None if data["frontier"] is None else Frontier.from_json(data["frontier"]),
-                   diagnostics=data["diagnostics"], loss_curve=data["loss_curve"], config=data["config"],
-                   timings=data["timings"], wall_s=data["wall_s"])
+        nested = {"train": lambda v: None if v is None else TrainSummary.from_json(v),
+                  "modes": lambda v: [ModeResult.from_json(r) for r in v],
+                  "targets": lambda v: [from_json(Target, t) for t in v],
+                  "frontier": lambda v: None if v is None else Frontier.from_json(v)}
+        if not isinstance(data, dict):
+            raise ValueError(f"Report.from_json: expected a mapping, got {type(data).__name__}")
+        return from_json(cls, {k: nested[k](v) if k in nested else v for k, v in data.items()})

@@ -11,6 +11,7 @@ always complete.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -19,9 +20,8 @@ import time
 from .. import overrides
 from ..config import PromptFormat
 from ..eval import tasks
-from ..eval.evaluate import ADAPTER_MODES, write_outputs
+from ..eval.evaluate import ADAPTER_MODES, EvalConfig, write_outputs
 from ..files import check_writable_dir
-from ..inference import load_for_inference
 from ..provenance import provenance
 from . import stages
 from .config import ExperimentConfig, comparable
@@ -42,14 +42,14 @@ def current_report(config: ExperimentConfig, workdir: str) -> Report | None:
         return None
     try:
         return Report.from_json(doc)
-    except (KeyError, TypeError):  # a report of another schema: made again
+    except (KeyError, TypeError, ValueError):  # a report of another schema: made again
         return None
 
 
-def check_inputs(config: ExperimentConfig, workdir: str) -> None:
+def check_inputs(ev: EvalConfig, workdir: str) -> None:
     """What the config alone cannot check, before any compute: the checkpoint to evaluate, the workdir."""
-    if config.eval.ckpt and not os.path.isdir(config.eval.ckpt):
-        raise FileNotFoundError(f"checkpoint {config.eval.ckpt!r} does not exist or is not a directory")
+    if ev.ckpt and not os.path.isdir(ev.ckpt):
+        raise FileNotFoundError(f"checkpoint {ev.ckpt!r} does not exist or is not a directory")
     check_writable_dir(workdir, "workdir")
 
 
@@ -58,44 +58,39 @@ def run(config: ExperimentConfig, workdir: str, *, progress: bool = True, force:
     already made is returned as it is (`current_report`), untouched. progress: progress bars. force:
     resume training / the drafter even when the workdir holds checkpoints of another config."""
     t_start = time.perf_counter()
-    ev = config.eval
-    check_inputs(config, workdir)
+    if not config.eval.ckpt:  # the training's progress bar only when progress is wanted (a presentation setting)
+        config = config.replace(train=dataclasses.replace(config.train,
+                                                          progress_bar=bool(progress and config.train.progress_bar)))
+    # Each section once, here; every stage takes the sections it reads (the trainer's as one RunConfig).
+    trainer, task, ev, fc = config.trainer, config.task, config.eval, config.frontier
+    check_inputs(ev, workdir)
     done = current_report(config, workdir)
     if done is not None:
         print(f"{workdir}: report.json is up to date with this config; nothing to do", file=sys.stderr)
         return done
-
-    def load(ckpt: str):
-        # Rendered as the checkpoint was trained; the record fields are those of this run's data files.
-        return load_for_inference(
-            ckpt, verify=config.train.verify_checkpoints, default_tokenizer=config.data.tokenizer,
-            format_overrides={"prompt_key": config.data.prompt_key, "answer_key": config.data.answer_key},
-            default_format=PromptFormat.of(config.data))
-
+    load = functools.partial(stages.load, data=trainer.data, verify=trainer.train.verify_checkpoints)
     model = load(ev.ckpt) if ev.ckpt else None  # a damaged checkpoint fails before any write
     os.makedirs(workdir, exist_ok=True)
-    splits = stages.prepare_data(config.task, workdir, fmt=PromptFormat.of(config.data),
-                                 need_val=config.frontier.enabled)
+    splits = stages.prepare_data(task, workdir, fmt=PromptFormat.of(trainer.data), need_val=fc.enabled)
     trained = None
     if model is None:
-        config = config.replace(train=dataclasses.replace(config.train,
-                                                          progress_bar=bool(progress and config.train.progress_bar)))
-        trained = stages.train(config, splits, workdir, force=force)
+        trained = stages.train(trainer, splits, workdir, force=force)
         model = load(trained.ckpt)
     records = tasks.read_jsonl(splits.test, model.prompt_format)
-    if ev.limit:
-        records = records[: ev.limit]
     if any(m in ADAPTER_MODES for m in ev.modes):
-        model = stages.train_drafter(config, model, stages.drafter_data(config, splits, workdir), workdir, force=force)
+        drafter = config.drafter
+        model = stages.train_drafter(drafter, trainer, model, stages.drafter_data(drafter, task, splits, workdir),
+                                     workdir, force=force)
     if "spec-model" in ev.modes:
-        model = stages.train_draft_model(config, model, splits.train, workdir, force=force)
+        model = stages.train_draft_model(config.draft_model, trainer, config.drafter.lora, model, splits.train,
+                                         workdir, force=force)
     t_frontier = time.perf_counter()
-    val_records = tasks.read_jsonl(splits.val, model.prompt_format) if config.frontier.enabled else []
-    knobs, front = stages.choose_knobs(ev, config.frontier, model, val_records, progress)
+    val_records = tasks.read_jsonl(splits.val, model.prompt_format) if fc.enabled else []
+    knobs, front = stages.choose_knobs(ev, fc, model, val_records, progress)
     t_test = time.perf_counter()
     results, predictions = stages.evaluate(ev, model, records, knobs, front, progress)
     t_diag = time.perf_counter()
-    diag = stages.diagnose(config.zarya, model, records, results, predictions)
+    diag = stages.diagnose(trainer.zarya, model, records, results, predictions)
     report = Report(
         provenance=provenance(), checkpoint=model.ckpt,
         model={"params": model.config.num_params(), **dataclasses.asdict(model.config)},
@@ -105,6 +100,6 @@ def run(config: ExperimentConfig, workdir: str, *, progress: bool = True, force:
         timings={"frontier_s": t_test - t_frontier, "test_s": t_diag - t_test,
                  "diagnostics_s": time.perf_counter() - t_diag},
         wall_s=time.perf_counter() - t_start)
-    write_outputs(os.path.join(workdir, "eval"), [r.to_json() for r in results], predictions)
+    write_outputs(os.path.join(workdir, "eval"), results, predictions)
     write_report(workdir, report)
     return report

@@ -1,15 +1,19 @@
-"""The experiment's stages, each a function of its own section returning a typed value:
+"""The experiment's stages, each a function of its own section(s) returning a typed value:
 
-    prepare_data(task, …)      -> Splits          the task's train / validation / test files
-    train(config, splits, …)   -> Trained         the trainer's sections: a checkpoint and its summary
-    train_drafter(config, …)   -> Inference       Uno's LoRA drafter on the frozen checkpoint (spec-lora[-fused])
-    train_draft_model(config, …) -> Inference     an independent draft model for it (spec-model)
-    choose_knobs(eval, frontier, …) -> (knobs, Frontier | None)   per mode, on the validation split
-    evaluate(eval, …)          -> [ModeResult], predictions       the test split at the chosen knobs
-    diagnose(zarya, …)         -> dict            why a mode loses accuracy
-    targets(goals, …)          -> [Target]        the goals, measured
+    prepare_data(task, …)                -> Splits      the task's train / validation / test files
+    load(ckpt, data, verify)             -> Inference   a checkpoint, rendered as it was trained
+    train(trainer, splits, …)            -> Trained     the trainer's sections: a checkpoint and its summary
+    drafter_data(drafter, task, …)       -> str         the drafter's training file (shifted or the task's)
+    train_drafter(drafter, trainer, …)   -> Inference   Uno's LoRA drafter on the frozen checkpoint (spec-lora[-fused])
+    train_draft_model(draft_model, trainer, lora, …) -> Inference   an independent draft model for it (spec-model)
+    choose_knobs(eval, frontier, …)      -> (knobs, Frontier | None)   per mode, on the validation split
+    evaluate(eval, …)                    -> [ModeResult], [Prediction]   the test split at the chosen knobs
+    diagnose(zarya, …)                   -> dict        why a mode loses accuracy
+    targets(goals, …)                    -> [Target]    the goals, measured
 
-`zarya_jax.experiment.run` chains them.
+`trainer` is the experiment's trainer sections as one `RunConfig` (`ExperimentConfig.trainer`): the
+drafter and the draft model train with its data, mesh and train settings, under their own steps, batch,
+objective and optimizer. `zarya_jax.experiment.run` chains them.
 """
 from __future__ import annotations
 
@@ -17,25 +21,26 @@ import dataclasses
 import os
 import sys
 
-from ..config import PromptFormat
+from ..config import LoraConfig, PromptFormat
+from ..data.pipeline import DataConfig
 from ..eval import diagnose as diagnose_lib
 from ..eval import evaluate as evaluate_lib
 from ..eval import frontier as frontier_lib
 from ..eval import tasks
 from ..eval.evaluate import MODE_LABELS, SPEC_MODES, EvalConfig
 from ..eval.frontier import FrontierConfig
-from ..inference import Inference
+from ..eval.results import ModeResult, Prediction
+from ..inference import Inference, load_for_inference
 from ..nn import lora as lora_lib
 from ..train import draft_model as draft_model_run
 from ..train import drafter as drafter_run
-from ..objectives.distill import DistillConfig
+from ..train.config import SECTIONS as TRAINER_SECTIONS
 from ..train.config import RunConfig
 from ..train.loop import train as train_loop
 from ..train.metrics import read_metrics
-from ..train.optim import OptimConfig
 from ..train.preemption import Interrupted
-from .config import ExperimentConfig, GoalsSection, TaskSection
-from .results import Frontier, FrontierPoint, ModeResult, Target, TrainSummary
+from .config import DraftModelRun, DrafterRun, GoalsSection, TaskSection
+from .results import Frontier, Target, TrainSummary
 
 
 class TrainingInterrupted(Interrupted):
@@ -85,12 +90,20 @@ def prepare_data(task: TaskSection, workdir: str, *, fmt: PromptFormat = PromptF
     return Splits(paths["train"], paths.get("val"), paths["test"])
 
 
-def run_config(config: RunConfig, splits: Splits) -> RunConfig:
+def load(ckpt: str, data: DataConfig, verify: bool = True) -> Inference:
+    """A checkpoint for decoding, rendered as it was trained (its recorded tokenizer and prompt format; the
+    `data` section's as the fallback), reading the record fields this run's data files use."""
+    return load_for_inference(ckpt, verify=verify, default_tokenizer=data.tokenizer,
+                              format_overrides={"prompt_key": data.prompt_key, "answer_key": data.answer_key},
+                              default_format=PromptFormat.of(data))
+
+
+def run_config(trainer: RunConfig, splits: Splits) -> RunConfig:
     """The trainer's `RunConfig` with the data files filled in (the validation split is the trainer's
     eval set only when the run evaluates during training)."""
-    data = dataclasses.replace(config.data, train=(splits.train,),
-                               eval=(splits.val,) if config.train.eval_every else ())
-    return config.run_config().replace(data=data)
+    data = dataclasses.replace(trainer.data, train=(splits.train,),
+                               eval=(splits.val,) if trainer.train.eval_every else ())
+    return trainer.replace(data=data)
 
 
 def loss_curve(train_dir: str) -> list[tuple[int, float]]:
@@ -101,105 +114,108 @@ def loss_curve(train_dir: str) -> list[tuple[int, float]]:
     return [(int(r["step"]), float(r["loss"])) for r in rows if "loss" in r and "step" in r]
 
 
-def train(config: RunConfig, splits: Splits, workdir: str, *, hooks=(), force: bool = False) -> Trained:
-    """Trains the trainer's sections of `config` into `workdir/train` (resuming a checkpoint of the same
-    run, or any with `force`). The run's tracker name (`train.tracker_run`) defaults to the workdir's.
-    A signal that stops training raises `TrainingInterrupted` (a sweep must not carry on; a rerun resumes)."""
-    run = run_config(config, splits)
+def _completed(summary: dict, what: str) -> dict:
+    """The loop's summary of a run that completed; `TrainingInterrupted` when a signal stopped it (a sweep
+    must not carry on; a rerun resumes)."""
+    if summary["status"] != "completed":
+        at = f" at step {summary['step']}" if "step" in summary else ""
+        raise TrainingInterrupted(f"{what} stopped by signal {summary.get('signal')}{at}; rerun the same command "
+                                  "to resume", summary.get("signal"))
+    return summary
+
+
+def train(trainer: RunConfig, splits: Splits, workdir: str, *, hooks=(), force: bool = False) -> Trained:
+    """Trains the trainer's sections into `workdir/train` (resuming a checkpoint of the same run, or any
+    with `force`). The run's tracker name (`train.tracker_run`) defaults to the workdir's."""
+    run = run_config(trainer, splits)
     if not run.train.tracker_run:
         run = run.replace(train=dataclasses.replace(run.train, tracker_run=os.path.basename(os.path.abspath(workdir))))
     train_dir = os.path.join(workdir, "train")
-    summary = train_loop(run, train_dir, hooks=hooks, force=force)
-    if summary["status"] != "completed":
-        raise TrainingInterrupted(f"training stopped by signal {summary.get('signal')} at step {summary['step']}; "
-                                  "rerun the same command to resume", summary.get("signal"))
-    return Trained(summary["final_params"], TrainSummary.from_json(summary), loss_curve(train_dir))
+    summary = _completed(train_loop(run, train_dir, hooks=hooks, force=force), "training")
+    return Trained(summary["final_params"], TrainSummary.of(summary), loss_curve(train_dir))
 
 
-def drafter_config(config: ExperimentConfig, base: Inference, train_file: str) -> drafter_run.DrafterRunConfig:
-    """The drafter's run, from the experiment's own sections: its `drafter` section (adapter, optimizer,
-    steps, batch, blocks), the experiment's data, mesh and train settings, and the base checkpoint's
-    tokenizer and prompt format (the adapter must read the ids the base model reads)."""
-    d = config.drafter
-    data = dataclasses.replace(config.data, train=(train_file,), eval=(), tokenizer=base.tokenizer_spec,
-                               batch_size=d.batch_size, **dataclasses.asdict(base.prompt_format))
-    run = dataclasses.replace(config.train, steps=d.steps, eval_every=0, save_every=0, init_from="",
-                              export_final=False, async_checkpointing=False)
+def side_run(trainer: RunConfig, base: Inference, train_file: str, *, steps: int, batch_size: int, optim,
+             **train) -> dict:
+    """The sections of a run trained beside the base checkpoint (the drafter, the draft model): the
+    trainer's model runtime, zarya, mesh, data and train settings, on `train_file` with its own `steps`,
+    `batch_size` and `optim`, the base checkpoint's tokenizer and prompt format (it must read the ids the
+    base reads), no evaluation or intermediate checkpoints, and the `train` fields given."""
+    data = dataclasses.replace(trainer.data, train=(train_file,), eval=(), tokenizer=base.tokenizer_spec,
+                               batch_size=batch_size, **dataclasses.asdict(base.prompt_format))
+    run = dataclasses.replace(trainer.train, steps=steps, eval_every=0, save_every=0, init_from="",
+                              async_checkpointing=False, **train)
+    sections = trainer.replace(data=data, train=run, optim=optim)
+    return {name: getattr(sections, name) for name in TRAINER_SECTIONS}
+
+
+def drafter_config(drafter: DrafterRun, trainer: RunConfig, base: Inference,
+                   train_file: str) -> drafter_run.DrafterRunConfig:
+    """The drafter's run: its `drafter` section (adapter, objective, DCD, optimizer, steps, batch) beside the
+    base checkpoint (`side_run`)."""
     return drafter_run.DrafterRunConfig(
-        model=config.model, zarya=config.zarya, mesh=config.mesh, data=data, train=run,
-        optim=OptimConfig(lr=d.lr, warmup_steps=d.warmup_steps, schedule="cosine", weight_decay=0.0),
-        lora=d.lora_config(), drafter=d.objective_config(), dcd=d.dcd)
+        **side_run(trainer, base, train_file, steps=drafter.steps, batch_size=drafter.batch_size,
+                   optim=drafter.optim, export_final=False),
+        lora=drafter.lora, drafter=drafter.objective, dcd=drafter.dcd)
 
 
-def drafter_data(config: ExperimentConfig, splits: Splits, workdir: str) -> str:
+def drafter_data(drafter: DrafterRun, task: TaskSection, splits: Splits, workdir: str) -> str:
     """The drafter's training file: the experiment's own, or with `drafter.task_difficulty` / `task_seed`
     the embedded task's shifted problems (written to `workdir/drafter_data/train.jsonl`, the held-out
     prompts excluded)."""
-    d, t = config.drafter, config.task
-    if not d.shifted():
+    if not drafter.shifted():
         return splits.train
     held = {r["prompt"] for path in (splits.test, splits.val) if path for r in tasks.read_jsonl(path)}
-    records = tasks.generate(t.num_train, d.task_seed if d.task_seed >= 0 else t.seed,
-                             d.task_difficulty or t.difficulty, exclude=held)
+    records = tasks.generate(task.num_train, drafter.task_seed if drafter.task_seed >= 0 else task.seed,
+                             drafter.task_difficulty or task.difficulty, exclude=held)
     path = os.path.join(workdir, "drafter_data", "train.jsonl")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tasks.write_jsonl(path, records)
     return path
 
 
-def train_drafter(config: ExperimentConfig, base: Inference, train_file: str, workdir: str, *,
+def train_drafter(drafter: DrafterRun, trainer: RunConfig, base: Inference, train_file: str, workdir: str, *,
                   force: bool = False) -> Inference:
-    """Trains Uno's gated-LoRA drafter on the frozen checkpoint (docs/algorithms.md §7) into `workdir/drafter`; returns
-    `base` with the adapter."""
+    """Trains Uno's gated-LoRA drafter on the frozen checkpoint (docs/algorithms.md §7) into `workdir/drafter`;
+    returns `base` with the adapter."""
     out = os.path.join(workdir, "drafter")
-    summary = drafter_run.train_drafter(drafter_config(config, base, train_file), base.ckpt, out, force=force)
-    if summary["status"] != "completed":
-        raise TrainingInterrupted(f"drafter training stopped by signal {summary.get('signal')}; rerun to resume",
-                                  summary.get("signal"))
-    adapter, lora = lora_lib.load(os.path.join(out, "adapter"), verify=config.train.verify_checkpoints)
+    _completed(drafter_run.train_drafter(drafter_config(drafter, trainer, base, train_file), base.ckpt, out,
+                                         force=force), "drafter training")
+    adapter, lora = lora_lib.load(os.path.join(out, "adapter"), verify=trainer.train.verify_checkpoints)
     lora_lib.check_lora(adapter, base.config, lora)
     return dataclasses.replace(base, adapter=adapter, lora=lora)
 
 
-def draft_model_size(config: ExperimentConfig, base: Inference):
-    """The draft model's config for the base (`draft_model` section): its explicit size, else sized to
-    `params_ratio` × the parameters of the experiment's LoRA drafter on the base."""
-    d = config.draft_model
+def draft_model_size(draft_model: DraftModelRun, lora: LoraConfig, base: Inference):
+    """The draft model's config for the base: its explicit size, else sized to `params_ratio` × the
+    parameters of the LoRA adapter `lora` (the experiment's drafter's) on the base."""
+    d = draft_model
     if d.hidden_size:
         return draft_model_run.draft_model_config(base.config, base.config.replace(
             hidden_size=d.hidden_size, intermediate_size=d.intermediate_size, num_layers=d.num_layers,
             num_heads=d.num_heads, num_kv_heads=d.num_kv_heads, tie_word_embeddings=True))
-    budget = d.params_ratio * draft_model_run.lora_budget(base.config, config.drafter.lora_config())
-    return draft_model_run.sized_to(base.config, int(budget))
+    return draft_model_run.sized_to(base.config, int(d.params_ratio * draft_model_run.lora_budget(base.config, lora)))
 
 
-def draft_model_config(config: ExperimentConfig, base: Inference, train_file: str
-                       ) -> draft_model_run.DraftModelRunConfig:
-    """The draft model's run, from the `draft_model` section (size, loss, steps, batch, optimizer), the
-    experiment's data, mesh and train settings, and the base checkpoint's tokenizer and prompt format."""
-    d = config.draft_model
-    data = dataclasses.replace(config.data, train=(train_file,), eval=(), tokenizer=base.tokenizer_spec,
-                               batch_size=d.batch_size, **dataclasses.asdict(base.prompt_format))
-    run = dataclasses.replace(config.train, steps=d.steps, eval_every=0, save_every=0, init_from="",
-                              export_final=True, async_checkpointing=False, objective="ar")
-    return draft_model_run.DraftModelRunConfig(
-        model=draft_model_size(config, base).with_runtime_of(config.model), zarya=config.zarya, mesh=config.mesh,
-        data=data, train=run, optim=OptimConfig(lr=d.lr, warmup_steps=d.warmup_steps, schedule="cosine",
-                                                weight_decay=0.0),
-        draft=DistillConfig(loss=d.loss, ce_weight=d.ce_weight))
+def draft_model_config(draft_model: DraftModelRun, trainer: RunConfig, lora: LoraConfig, base: Inference,
+                       train_file: str) -> draft_model_run.DraftModelRunConfig:
+    """The draft model's run: its `draft_model` section (size, objective, optimizer, steps, batch) beside the
+    base checkpoint (`side_run`), trained with the next-token trainer and exported."""
+    sections = side_run(trainer, base, train_file, steps=draft_model.steps, batch_size=draft_model.batch_size,
+                        optim=draft_model.optim, export_final=True, objective="ar")
+    sections["model"] = draft_model_size(draft_model, lora, base).with_runtime_of(trainer.model)
+    return draft_model_run.DraftModelRunConfig(**sections, draft=draft_model.objective)
 
 
-def train_draft_model(config: ExperimentConfig, base: Inference, train_file: str, workdir: str, *,
-                      force: bool = False) -> Inference:
+def train_draft_model(draft_model: DraftModelRun, trainer: RunConfig, lora: LoraConfig, base: Inference,
+                      train_file: str, workdir: str, *, force: bool = False) -> Inference:
     """Trains the independent draft model for the frozen checkpoint (docs/algorithms.md §7.6) into
-    `workdir/draft_model`; returns `base` with it."""
+    `workdir/draft_model`; returns `base` with it. `lora`: the drafter's adapter, what its size is relative to."""
     out = os.path.join(workdir, "draft_model")
-    summary = draft_model_run.train_draft_model(draft_model_config(config, base, train_file), base.ckpt, out,
-                                                force=force)
-    if summary["status"] != "completed":
-        raise TrainingInterrupted(f"draft model training stopped by signal {summary.get('signal')}; rerun to resume",
-                                  summary.get("signal"))
-    return base.with_draft_model(summary["final_params"], verify=config.train.verify_checkpoints)
+    summary = _completed(draft_model_run.train_draft_model(
+        draft_model_config(draft_model, trainer, lora, base, train_file), base.ckpt, out, force=force),
+        "draft model training")
+    return base.with_draft_model(summary["final_params"], verify=trainer.train.verify_checkpoints)
 
 
 def _bar(desc: str, total: int):
@@ -215,38 +231,34 @@ def choose_knobs(ev: EvalConfig, fc: FrontierConfig, model: Inference, val_recor
         return {m: k for m, k in ev.knobs.as_dict().items() if m in ev.modes}, None
     points = frontier_lib.grid_points(fc, ev.modes, ev.max_new_tokens)
     bar = _bar("frontier (validation)", len(points)) if progress else None
-    rows = frontier_lib.sweep(model, val_records, points, ev, progress=(lambda i, n: bar.update(1)) if bar else None)
+    points = frontier_lib.sweep(model, val_records, points, ev,
+                                progress=(lambda i, n: bar.update(1)) if bar else None)
     if bar:
         bar.close()
-    chosen = frontier_lib.choose(rows, fc.tolerance)
-    front = Frontier(points=[FrontierPoint.from_json(r) for r in rows],
-                     chosen={m: FrontierPoint.from_json(r) for m, r in chosen.items()},
-                     validation_examples=len(val_records))
-    return {m: chosen[m]["knobs"] for m in ev.modes}, front
+    chosen = frontier_lib.choose(points, fc.tolerance)
+    front = Frontier(points=points, chosen=chosen, validation_examples=len(val_records))
+    return {m: chosen[m].knobs for m in ev.modes}, front
 
 
 def evaluate(ev: EvalConfig, model: Inference, records: list[dict], knobs: dict[str, dict],
-             front: Frontier | None = None, progress: bool = True) -> tuple[list[ModeResult], list[dict]]:
-    """Every mode of `ev` on the test records at `knobs`; each result carries its knobs (and their
-    validation accuracy when a frontier chose them). Also returns the per-example predictions."""
-    summary, predictions = evaluate_lib.evaluate(model, records, ev, knobs=knobs, progress=progress)
-    results = []
-    for row in summary:
-        chosen = knobs.get(row["mode"], {})
-        results.append(dataclasses.replace(
-            ModeResult.from_json(row), knobs=chosen, point=frontier_lib.describe(row["mode"], chosen) if chosen else "",
-            validation_accuracy=front.chosen[row["mode"]].accuracy if front is not None else None))
-    return results, predictions
+             front: Frontier | None = None, progress: bool = True) -> tuple[list[ModeResult], list[Prediction]]:
+    """Every mode of `ev` on the test records (the first `eval.limit`) at `knobs`; each result carries its
+    knobs, described (and their validation accuracy when a frontier chose them). Also returns the
+    per-example predictions."""
+    results, predictions = evaluate_lib.evaluate(model, records, ev, knobs=knobs, progress=progress)
+    return [dataclasses.replace(
+        r, point=frontier_lib.describe(r.mode, r.knobs) if r.knobs else "",
+        validation_accuracy=front.chosen[r.mode].accuracy if front is not None else None) for r in results], predictions
 
 
-def diagnose(zarya, model: Inference, records: list[dict], results: list[ModeResult], predictions: list[dict]) -> dict:
+def diagnose(zarya, model: Inference, records: list[dict], results: list[ModeResult],
+             predictions: list[Prediction]) -> dict:
     """`zarya_jax.eval.diagnose.analyse` at the training's slot sizes (`zarya.slot_size_set`) and mode B's."""
-    slot_sizes = sorted(set(zarya.slot_size_set) | {r.generation_config["slot_size"] for r in results
-                                                    if r.mode == "slotted"})
-    return diagnose_lib.analyse(model, records, [r.to_json() for r in results], predictions, slot_sizes)
+    slot_sizes = sorted(set(zarya.slot_size_set) | {r.knob("slot_size") for r in results if r.mode == "slotted"})
+    return diagnose_lib.analyse(model, records, results, predictions, slot_sizes)
 
 
-def targets(goals: GoalsSection, results: list[ModeResult], predictions: list[dict]) -> list[Target]:
+def targets(goals: GoalsSection, results: list[ModeResult], predictions: list[Prediction]) -> list[Target]:
     """The goals, each with the measured value (test split) and whether it is met."""
     by = {r.mode: r for r in results}
     out = []
@@ -263,8 +275,8 @@ def targets(goals: GoalsSection, results: list[ModeResult], predictions: list[di
     for mode in SPEC_MODES:
         r = by.get(mode)
         if r and ar:
-            outs = {p["index"]: p["output_ids"] for p in predictions if p["mode"] == mode}
-            same = all(outs.get(p["index"]) == p["output_ids"] for p in predictions if p["mode"] == "ar")
+            outs = {p.index: p.output_ids for p in predictions if p.mode == mode}
+            same = all(outs.get(p.index) == p.output_ids for p in predictions if p.mode == "ar")
             out.append(Target(f"{MODE_LABELS[mode]}: outputs identical to AR token for token (lossless)",
                               r.accuracy - ar.accuracy, same and r.accuracy == ar.accuracy))
             # the independent draft model is a baseline: held to losslessness only
@@ -282,20 +294,21 @@ def targets(goals: GoalsSection, results: list[ModeResult], predictions: list[di
     return out
 
 
-def calibrate_steps(config: ExperimentConfig, workdir: str, minutes: float) -> int:
-    """Training steps that fit `minutes` (> 0) on this machine: times a short throwaway run of the experiment's
-    model (compile excluded) and divides. The curriculum and LR schedule need the total up front, hence
-    the measurement."""
+def calibrate_steps(trainer: RunConfig, task: TaskSection, workdir: str, minutes: float, *,
+                    need_val: bool = True) -> int:
+    """Training steps of the trainer's sections that fit `minutes` (> 0) on this machine, on the task's
+    training split (`need_val`: as `prepare_data`'s): times a short throwaway run of the model (compile
+    excluded) and divides. The curriculum and LR schedule need the total up front, hence the measurement."""
     import shutil
     import time
 
     from .. import overrides
     from ..train.hooks import OnStep
 
-    splits = prepare_data(config.task, workdir, fmt=PromptFormat.of(config.data), need_val=config.frontier.enabled)
-    probe = overrides.apply(config, {
+    splits = prepare_data(task, workdir, fmt=PromptFormat.of(trainer.data), need_val=need_val)
+    probe = overrides.apply(trainer, {
         "train.steps": 12, "train.save_every": 0, "train.export_final": False, "train.progress_bar": False,
-        "train.log_every": 0, "train.eval_every": 0, "zarya.slot_size_set": [config.zarya.slot_size_set[-1]],
+        "train.log_every": 0, "train.eval_every": 0, "zarya.slot_size_set": [trainer.zarya.slot_size_set[-1]],
         "zarya.slot_step_borders": [1.0]})
     times: list[float] = []
     scratch = os.path.join(workdir, "calibration")

@@ -31,11 +31,13 @@ from ..files import atomic_write, atomic_write_json, check_writable_dir, input_f
 from ..overrides import to_dict
 from ..provenance import provenance
 from .config import ExperimentConfig, comparable, default_config
+from ..eval.results import ModeResult, metrics as metric_fields
+from .results import Report
 from .run import run as run_experiment
 
 
-def _run_metrics(config: ExperimentConfig, run_dir: str, force: bool = False) -> dict:
-    return run_experiment(config, run_dir, force=force).to_json()
+def _run_report(config: ExperimentConfig, run_dir: str, force: bool = False) -> Report:
+    return run_experiment(config, run_dir, force=force)
 
 
 DONE = "DONE.json"
@@ -167,10 +169,11 @@ def run_sweep(spec: dict, workdir: str, run_fn=None, host_index: int = 0, num_ho
               extra_overrides: dict | None = None, log=print, force: bool = False) -> dict:
     """Runs this host's unfinished runs; returns {"done": [...], "skipped": [...], "failed": [...]}.
 
-    `run_fn(run_config, run_dir) -> metrics dict` defaults to the quickstart pipeline. A finished run
+    `run_fn(run_config, run_dir) -> Report` defaults to the quickstart pipeline; DONE.json keeps its
+    `report.json` document as the run's metrics. A finished run
     whose config changed is refused (SweepError, before anything runs) unless `force` reruns it.
     """
-    run_fn = run_fn or functools.partial(_run_metrics, force=force)
+    run_fn = run_fn or functools.partial(_run_report, force=force)
     runs = in_workdir(expand(spec), workdir)
     # Validate every run's overrides before any compute, so a typo fails the sweep up front.
     run_configs = configs(runs, extra_overrides, spec.get("name", ""))
@@ -194,7 +197,7 @@ def run_sweep(spec: dict, workdir: str, run_fn=None, host_index: int = 0, num_ho
         log(f"[sweep] {name}: running {run_overrides}")
         t0 = time.time()
         try:
-            metrics = run_fn(run_configs[name], run_dir)
+            metrics = run_fn(run_configs[name], run_dir).to_json()
         except Exception as e:  # a failed run must not stop the others; it is retried on the next call.
             # (A signal is not a failure: KeyboardInterrupt, a BaseException, stops the whole sweep.)
             atomic_write(os.path.join(run_dir, "error.txt"), traceback.format_exc())
@@ -211,18 +214,23 @@ def run_sweep(spec: dict, workdir: str, run_fn=None, host_index: int = 0, num_ho
     return status
 
 
-def _flatten_metrics(metrics: dict) -> dict:
-    """A run's metrics as flat columns: top-level scalars plus `<mode>/<metric>` per decoding mode."""
-    row = {k: v for k, v in metrics.items() if k != "checkpoint" and (isinstance(v, (int, float, str, bool)) or v is None)}
-    for k, v in (metrics.get("train") or {}).items():
-        if k in ("step", "loss", "wall_s", "tokens_per_s"):
-            row[f"train_{k}"] = v
-    for r in metrics.get("modes", []):
-        for k in ("accuracy", "tokens_per_forward", "tokens_per_s", "speedup_vs_ar", "accepted_per_cycle"):
-            if k in r:
-                row[f"{r['mode']}/{k}"] = r[k]
-        if r.get("acceptance_by_position") is not None:
-            row[f"{r['mode']}/acceptance_by_position"] = json.dumps([round(x, 3) for x in r["acceptance_by_position"]])
+TRAIN_COLUMNS = ("step", "loss", "wall_s", "tokens_per_s")  # of the TrainSummary, as train_<field>
+
+
+def _flatten_metrics(report: Report) -> dict:
+    """A run's report as flat columns: its wall time, the training's `TRAIN_COLUMNS` and, per decoding mode,
+    `<mode>/<field>` for every field `ModeResult` marks as a metric (`eval.results.metric`; a list as JSON
+    with 3 decimals; an optional metric the mode has none of, left out)."""
+    row = {"wall_s": report.wall_s}
+    if report.train is not None:
+        row.update({f"train_{k}": getattr(report.train, k) for k in TRAIN_COLUMNS})
+    optional = {f.name for f in dataclasses.fields(ModeResult) if f.metadata.get("optional")}
+    for r in report.modes:
+        for k in metric_fields(ModeResult):
+            v = getattr(r, k)
+            if v is None and k in optional:
+                continue
+            row[f"{r.mode}/{k}"] = json.dumps([round(x, 3) for x in v]) if isinstance(v, list) else v
     return row
 
 
@@ -238,7 +246,7 @@ def collect(spec: dict, workdir: str) -> list[dict]:
         row = {"run": name}
         row.update({k: json.dumps(v) if isinstance(v, (list, dict)) else v
                     for k, v in record.get("overrides", {}).items()})
-        row.update(_flatten_metrics(record.get("metrics") or {}))
+        row.update(_flatten_metrics(Report.from_json(record["metrics"])))
         rows.append(row)
     return rows
 

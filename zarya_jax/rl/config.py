@@ -18,17 +18,20 @@ import importlib
 from typing import Any
 
 from .. import overrides as ov
-from ..config import MAX_STEPS, ConfigError, PromptFormat
-from ..sampling import GenerationConfig
+from ..config import ConfigError, PromptFormat
+from ..sampling import AR, GenerationConfig, SpecLora, SpecSelf
+from ..train.config import RESUMABLE_CHANGES, TrainConfig
+from ..train.divergence import DivergenceConfig
 from ..train.optim import OptimConfig
 from ..train.sharding import MeshConfig
-from ..train.trackers import TRACKERS
 from .grpo import GRPOConfig, LOSS_AGG_MODES
 from .rewards import default_rewards
 
 ARMS = ("ar", "frozen", "refreshed", "self")
 LORA_ARMS = ("frozen", "refreshed")
 OFF_POLICY_MODES = ("mdm", "slotted")
+# The refreshed drafter's optimizer (`rl.refresh_optim.*`): Uno's adapter training, a constant rate.
+REFRESH_OPTIM = OptimConfig(lr=1e-4, warmup_steps=0, schedule="constant", weight_decay=0.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +58,7 @@ class RLSection:
     reward: str = ""
     refresh_every: int = 5
     refresh_steps: int = 4
-    refresh_lr: float = 1e-4
+    refresh_optim: OptimConfig = REFRESH_OPTIM
 
     def __post_init__(self):
         if self.arm in OFF_POLICY_MODES:
@@ -78,8 +81,11 @@ class RLSection:
         if not self.temperature > 0:
             raise ConfigError(f"rl.temperature={self.temperature}: expected > 0 (GRPO needs sampled rollouts: "
                               "a group of greedy completions is one completion repeated)")
-        if not self.refresh_lr > 0:
-            raise ConfigError(f"rl.refresh_lr={self.refresh_lr}: expected > 0")
+        if self.top_k:
+            raise ConfigError(f"rl.top_k={self.top_k}: GRPO scores every rollout token under the full softmax at "
+                              "rl.temperature (the ratio to the rollout policy, the KL to the reference and the "
+                              "gradient), so top-k rollouts would sample another distribution than the one the loss "
+                              "scores (off-policy, biased); expected 0 (shape the samples with rl.temperature)")
         self.grpo()  # beta / epsilon ranges
         self.generation_config().validate()  # top_k, draft_when_active_below, …
 
@@ -88,13 +94,14 @@ class RLSection:
                           num_iterations=self.num_iterations, loss_agg_mode=self.loss_agg_mode)
 
     def generation_config(self, eos_token_id: int | None = None) -> GenerationConfig:
-        """The rollout sampler of the arm."""
-        gc = GenerationConfig(mode="ar", max_new_tokens=self.max_new_tokens, temperature=self.temperature,
-                              top_k=self.top_k, eos_token_id=eos_token_id)
+        """The rollout sampler of the arm: AR, or Ψ-Spec with the self-drafter or the LoRA drafter."""
         if self.arm == "ar":
-            return gc
-        return gc.replace(mode="spec", drafter="self" if self.arm == "self" else "lora",
-                          draft_length=self.draft_length, draft_when_active_below=self.draft_when_active_below)
+            mode = AR()
+        else:
+            spec = SpecSelf if self.arm == "self" else SpecLora
+            mode = spec(draft_length=self.draft_length, draft_when_active_below=self.draft_when_active_below)
+        return GenerationConfig(mode=mode, max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+                                eos_token_id=eos_token_id)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,41 +121,18 @@ class RLData:
             raise ConfigError(f"data.eval_size={self.eval_size}: expected ≥ 0")
 
 
-@dataclasses.dataclass(frozen=True)
-class RLTrain:
-    """The loop: `steps` RL steps (each: rollouts, then `rl.num_iterations` optimizer updates); intervals
-    in RL steps (0 disables, the last step always logs, evaluates and saves)."""
-
-    steps: int = 20
-    seed: int = 0
-    log_every: int = 1
-    eval_every: int = 5
-    save_every: int = 5
-    keep: int = 2
-    async_checkpointing: bool = True
-    progress_bar: bool = True
-    tracker: str = "none"
-    tracker_project: str = "zarya"
-    tracker_group: str = ""
-    tracker_run: str = ""
-    verify_checkpoints: bool = True
-    distributed: str = "auto"
-    allow_tokenizer_mismatch: bool = False  # roll out with a tokenizer that is not the base's (`train.inherit`)
-
-    def __post_init__(self):
-        if not 1 <= self.steps <= MAX_STEPS:
-            raise ConfigError(f"train.steps={self.steps}: expected 1 … {MAX_STEPS}")
-        for name in ("log_every", "eval_every", "save_every"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"train.{name}={getattr(self, name)}: expected ≥ 0")
-        if self.keep < 1:
-            raise ConfigError(f"train.keep={self.keep}: expected ≥ 1 (the latest checkpoint is needed to resume)")
-        if self.tracker not in TRACKERS:
-            raise ConfigError(f"train.tracker={self.tracker!r}: expected one of {TRACKERS}")
-
-
 # RL fine-tuning moves a trained model: a small constant rate, no decay of the weights towards 0.
 RL_OPTIM = OptimConfig(lr=1e-5, warmup_steps=0, schedule="constant", weight_decay=0.0, clip_norm=1.0)
+# The shared loop's section (`train.config.TrainConfig`), steps and intervals in RL steps. GRPO's loss is a
+# centred surrogate near 0 whose gradient is exactly 0 while every group's rewards tie and the policy is the
+# reference, so the loss-spike and zero-gradient checks would stop healthy runs: only the params' growth is
+# watched by default (`train.divergence.*` turns the others on).
+RL_TRAIN = TrainConfig(steps=20, log_every=1, eval_every=5, save_every=5, keep=2, keep_best=0,
+                       divergence=DivergenceConfig(zero_grad_steps=0, loss_spike_factor=0.0))
+# Knobs of the shared loop that GRPO does not read, refused at another value than RL_TRAIN's: why.
+UNREAD = {"objective": "GRPO's objective is set by rl.*", "init_from": "the policy starts from --base",
+          "eval_batches": "RL evaluates the exact match of data.eval_size held-out records",
+          "keep_best": "RL logs no eval loss to rank checkpoints by"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,14 +141,19 @@ class RLConfig:
     data: RLData = RLData()
     optim: OptimConfig = RL_OPTIM
     mesh: MeshConfig = MeshConfig()
-    train: RLTrain = RLTrain()
+    train: TrainConfig = RL_TRAIN
+
+    def __post_init__(self):
+        for name, why in UNREAD.items():
+            value = getattr(self.train, name)
+            if value != getattr(RL_TRAIN, name):
+                raise ConfigError(f"train.{name}={value!r}: not read by RL ({why}); expected "
+                                  f"{getattr(RL_TRAIN, name)!r}")
 
 
-# Fields a resumed run may change without being a different run.
-RESUMABLE = {"train.log_every", "train.eval_every", "train.save_every", "train.keep", "train.async_checkpointing",
-             "train.progress_bar", "train.tracker", "train.tracker_project", "train.tracker_group",
-             "train.tracker_run", "train.verify_checkpoints", "train.distributed", "data.eval_size",
-             "train.allow_tokenizer_mismatch"}  # a permission: the tokenizer itself is data.tokenizer
+# Fields a resumed run may change without being a different run: the shared loop's, and how many held-out
+# records the exact match reads.
+RESUMABLE = RESUMABLE_CHANGES | {"data.eval_size"}
 
 
 def build(overrides: Any = (), base: RLConfig = RLConfig()) -> RLConfig:

@@ -17,7 +17,8 @@ rows p·G … p·G + G − 1 are prompt p's group):
 
 Every log-probability here is `primitives.token_logprob` at the rollout temperature (mask token banned,
 before top-k / top-p / repetition penalty), so at the rollout params log π equals the sampler's
-`GenerationOutput.logprobs` and ρ = 1. The knob names are tunix's `GRPOConfig`'s.
+`GenerationOutput.logprobs` and ρ = 1; rollouts must therefore sample that distribution (the RL config
+refuses `rl.top_k > 0`). The knob names are tunix's `GRPOConfig`'s.
 """
 from __future__ import annotations
 
@@ -126,32 +127,51 @@ def completion_logprobs(params, config, batch: dict, temperature: float = 1.0) -
 
 
 # --------------------------------------------------------------------------- the objective
-def aggregate(per_token: Array, mask: Array, mode: str) -> Array:
-    """Scalar from per-token values [N, G] over the mask: "token-mean" — the mean over every completion
-    token of the batch (long completions weigh more); "sequence-mean-token-mean" — each completion's
-    token mean, then the mean over completions; "sequence-mean-token-sum" — each completion's token sum,
-    then the mean over completions."""
+def row_weights(mask: Array, mode: str, mean_tokens: Array | None = None) -> Array:
+    """float32 [N]: the weight w_i of row i's token sum such that the aggregate is the mean over rows of
+    w_i · Σ_t ℓ_it — "token-mean": 1 / (completion tokens per row of the whole batch), so the aggregate is
+    the batch's token sum over its token count (long completions weigh more); "sequence-mean-token-mean":
+    1 / the row's token count; "sequence-mean-token-sum": 1.
+
+    A mean over rows is what the train step's gradient accumulation preserves (it averages the losses of
+    equal micro-batches of rows), so a micro-batch given `mean_tokens` (the whole batch's tokens per row,
+    [N] or [N, 1], every row the same) aggregates to its share of the whole batch's token mean; without
+    it the rows at hand are the batch."""
     m = mask.astype(jnp.float32)
-    total = jnp.sum(per_token * m, axis=1)
+    n = m.shape[0]
     if mode == "token-mean":
-        return jnp.sum(total) / jnp.maximum(jnp.sum(m), 1.0)
+        per_row = jnp.sum(m) / n if mean_tokens is None else jnp.reshape(mean_tokens, (n,)).astype(jnp.float32)
+        return jnp.broadcast_to(1.0 / jnp.maximum(per_row, 1.0 / n), (n,))
     if mode == "sequence-mean-token-mean":
-        return jnp.mean(total / jnp.maximum(jnp.sum(m, axis=1), 1.0))
+        return 1.0 / jnp.maximum(jnp.sum(m, axis=1), 1.0)
     if mode == "sequence-mean-token-sum":
-        return jnp.mean(total)
+        return jnp.ones((n,), jnp.float32)
     raise ConfigError(f"loss_agg_mode={mode!r}: expected one of {LOSS_AGG_MODES}")
 
 
+def aggregate(per_token: Array, mask: Array, mode: str, mean_tokens: Array | None = None) -> Array:
+    """Scalar from per-token values [N, G] over the mask, by `mode` (`row_weights`): "token-mean" — the
+    mean over every completion token of the batch; "sequence-mean-token-mean" — each completion's token
+    mean, then the mean over completions; "sequence-mean-token-sum" — each completion's token sum, then
+    the mean over completions."""
+    total = jnp.sum(per_token * mask.astype(jnp.float32), axis=1)
+    return jnp.mean(row_weights(mask, mode, mean_tokens) * total)
+
+
 def policy_loss(logprobs: Array, old_logprobs: Array, ref_logprobs: Array | None, advantages: Array, mask: Array,
-                cfg: GRPOConfig) -> tuple[Array, dict]:
+                cfg: GRPOConfig, mean_tokens: Array | None = None) -> tuple[Array, dict]:
     """GRPO's loss from per-token log-probabilities [N, G] (module doc, step 3) → (scalar, metrics:
-    "kl" (the aggregated k3 estimate), "clip_fraction" (tokens whose ratio left [1 − ε, 1 + ε]),
-    "ratio" (mean ρ over tokens)). `ref_logprobs` may be None when β = 0."""
+    "kl" (the aggregated k3 estimate), "clip_fraction" (the fraction of completion tokens whose clipping
+    removes the gradient: the min picks the clipped term and it differs from the unclipped one, i.e.
+    A > 0 and ρ > 1 + ε, or A < 0 and ρ < 1 − ε), "ratio" (mean ρ over tokens)). `ref_logprobs` may be
+    None when β = 0. `mean_tokens`: the whole batch's completion tokens per row, for a micro-batch
+    (`row_weights`); the metrics are token means over the whole batch the same way."""
     m = mask.astype(jnp.float32)
     ratio = jnp.exp(logprobs - old_logprobs)
     adv = advantages[:, None]
-    clipped = jnp.clip(ratio, 1.0 - cfg.epsilon, 1.0 + cfg.epsilon)
-    per_token = -jnp.minimum(ratio * adv, clipped * adv)
+    unclipped = ratio * adv
+    clipped = jnp.clip(ratio, 1.0 - cfg.epsilon, 1.0 + cfg.epsilon) * adv
+    per_token = -jnp.minimum(unclipped, clipped)
     kl = jnp.zeros_like(per_token)
     if cfg.beta:
         if ref_logprobs is None:
@@ -159,17 +179,18 @@ def policy_loss(logprobs: Array, old_logprobs: Array, ref_logprobs: Array | None
         delta = ref_logprobs - logprobs
         kl = jnp.exp(delta) - delta - 1.0
         per_token = per_token + cfg.beta * kl
-    n_tok = jnp.maximum(jnp.sum(m), 1.0)
-    metrics = {"kl": aggregate(kl, mask, cfg.loss_agg_mode),
-               "clip_fraction": jnp.sum((jnp.abs(ratio - 1.0) > cfg.epsilon) * m) / n_tok,
-               "ratio": jnp.sum(ratio * m) / n_tok}
-    return aggregate(per_token, mask, cfg.loss_agg_mode), metrics
+    token_mean = lambda x: aggregate(x, mask, "token-mean", mean_tokens)  # noqa: E731
+    metrics = {"kl": aggregate(kl, mask, cfg.loss_agg_mode, mean_tokens),
+               "clip_fraction": token_mean((clipped < unclipped).astype(jnp.float32)),
+               "ratio": token_mean(ratio)}
+    return aggregate(per_token, mask, cfg.loss_agg_mode, mean_tokens), metrics
 
 
 def grpo_loss(params, config, batch: dict, advantages: Array, ref_logprobs: Array | None, cfg: GRPOConfig,
               temperature: float = 1.0) -> tuple[Array, dict]:
-    """`policy_loss` with log π from `completion_logprobs(params, …)` and π_old = the batch's rollout
-    log-probabilities: the function to differentiate in `params`."""
+    """`policy_loss` with log π from `completion_logprobs(params, …)`, π_old = the batch's rollout
+    log-probabilities and the batch's "mean_tokens" when it has one: the function to differentiate in
+    `params`."""
     logprobs = completion_logprobs(params, config, batch, temperature)
     return policy_loss(logprobs, jnp.asarray(batch["old_logprobs"]), ref_logprobs, jnp.asarray(advantages),
-                       jnp.asarray(batch["mask"]), cfg)
+                       jnp.asarray(batch["mask"]), cfg, batch.get("mean_tokens"))

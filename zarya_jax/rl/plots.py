@@ -1,7 +1,7 @@
 """The RL experiment's plot: held-out exact match and accepted draft tokens per cycle against the RL
 step per arm, and each arm's rollout tokens per forward and wall time.
 
-Readable at every size of run, with the report's axes (`experiment.plots`): exact match on a 0–100 %
+Readable at every size of run, with the reports' shared axes (`zarya_jax.plotting`): exact match on a 0–100 %
 axis, counts and times on axes from 0 that fit the data (an all-zero panel included), RL steps linear with
 whole-number ticks, one legend under the panels naming each arm's colour, and constrained layout so no
 panel's labels run into its neighbour's."""
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from matplotlib.lines import Line2D
 
-from ..experiment.plots import _accuracy_axis, _from_zero, _integer_axis, _save, plt
+from ..plotting import accuracy_axis, from_zero, integer_axis, plt, save_figure
 
 ARM_COLORS = {"ar": "black", "frozen": "tab:purple", "refreshed": "tab:red", "self": "tab:green"}
 
 
 def rl_figure(rows: list[dict], title: str = ""):
-    """Four panels for the arms' result rows (`demo.arm_result`): exact match and acceptance against
+    """Four panels for the arms' result rows (`experiment.rl_demo.arm_result`): exact match and acceptance against
     the RL step (curves), tokens per forward and rollout time per arm (bars)."""
     fig, axes = plt.subplots(1, 4, figsize=(20, 4.8), layout="constrained")
     accepted = []
@@ -28,11 +28,11 @@ def rl_figure(rows: list[dict], title: str = ""):
                 ax.plot(steps, [scale * v for v in values], marker="o", ms=3, color=color, clip_on=False)
                 if key == "accepted_per_cycle":
                     accepted += values
-    _accuracy_axis(axes[0], "held-out greedy exact match")
-    _from_zero(axes[1], accepted, "accepted draft tokens per cycle")
+    accuracy_axis(axes[0], "held-out greedy exact match")
+    from_zero(axes[1], accepted, "accepted draft tokens per cycle")
     for ax in axes[:2]:
         ax.set_xlabel("RL step")
-        _integer_axis(ax.xaxis)
+        integer_axis(ax.xaxis)
         ax.grid(alpha=0.3)
     if not accepted:  # the AR arm alone drafts nothing
         axes[1].text(0.5, 0.5, "no arm drafts", transform=axes[1].transAxes, ha="center", va="center")
@@ -42,7 +42,7 @@ def rl_figure(rows: list[dict], title: str = ""):
                            (axes[3], "rollout_s", "rollout wall time per RL step (s)")):
         values = [r[key] or 0.0 for r in rows]
         ax.bar(arms, values, color=colors)
-        _from_zero(ax, values, label)
+        from_zero(ax, values, label)
         ax.grid(alpha=0.3, axis="y")
     axes[0].set_title("exact match vs RL step")
     axes[1].set_title("drafter acceptance vs RL step")
@@ -58,4 +58,4 @@ def rl_figure(rows: list[dict], title: str = ""):
 
 def rl_plot(rows: list[dict], path: str, title: str = "") -> None:
     """`rl_figure`, written to `path` (PNG)."""
-    _save(rl_figure(rows, title), path)
+    save_figure(rl_figure(rows, title), path)

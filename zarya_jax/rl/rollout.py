@@ -55,7 +55,7 @@ def sample(params, config, records: list[dict], prompts: list[list[int]], gcfg: 
     row_records = [r for r in records for _ in range(num_generations)]
     t0 = time.perf_counter()
     out = generate(params, config, rows, gcfg, key, **({"lora_params": lora_params, "lora": lora}
-                                                        if gcfg.mode == "spec" and gcfg.drafter == "lora" else {}))
+                                                        if getattr(gcfg.mode, "drafter", None) == "lora" else {}))
     rollout_s = time.perf_counter() - t0
     texts = [tokenizer.decode([int(t) for t in toks[:n]]) for toks, n in zip(out.tokens, out.lengths)]
     r = rewards.score(row_records, texts, reward_fns)
@@ -74,9 +74,9 @@ def rollout_stats(out, rollout_s: float) -> dict:
     stats = {"rollout_s": rollout_s, "completion_tokens": float(np.mean(out.lengths)),
              "tokens_per_forward": float(np.sum(out.lengths)) / max(int(np.sum(out.num_forward_passes)), 1),
              "active_rows": active_fraction(decode)}
-    if st["mode"] == "spec":
-        stats["draft_cycles"] = float(st.get("draft_cycles", 0))
-    if st["mode"] == "spec" and stats["draft_cycles"]:  # no drafting cycle (draft_when_active_below): nothing to rate
+    if "draft_cycles" in st:  # a speculative mode
+        stats["draft_cycles"] = float(st["draft_cycles"])
+    if stats.get("draft_cycles"):  # no drafting cycle (draft_when_active_below): nothing to rate
         stats["accepted_per_cycle"] = st["accepted_per_cycle"]
         for j, a in enumerate(st["acceptance_by_position"]):
             stats[f"acceptance_pos{j}"] = float(a)

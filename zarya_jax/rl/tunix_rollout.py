@@ -26,7 +26,11 @@ import jax
 import numpy as np
 
 from ..sampling import GenerationConfig, generate
+from ..sampling.modes import MODES
 from . import grpo
+
+# The modes whose samples are the policy's own (AR and the lossless speculative modes).
+ON_POLICY = tuple(name for name, cls in MODES.items() if name == "ar" or cls.lossless)
 
 try:  # the optional engine interface; see the module doc
     from tunix.rl.rollout.base_rollout import BaseRollout, RolloutOutput
@@ -46,18 +50,20 @@ except ImportError:  # tunix absent (or unimportable): the interface, duck-typed
 
 class ZaryaRollout(BaseRollout):
     """params/config: the policy (`zarya_jax` tree and `ModelConfig`); tokenizer: encode/decode;
-    generation_config: the sampler (mode "ar" or "spec", its drafter and draft length; the sampling
-    knobs come from each call's rollout config); lora_params/lora: the LoRA drafter (drafter "lora")."""
+    generation_config: the sampler (mode "ar", "spec-self" or "spec-lora" with its knobs, e.g. the draft
+    length; the sampling knobs come from each call's rollout config); lora_params/lora: the LoRA drafter
+    (a mode that drafts with the adapter)."""
 
     def __init__(self, params, config, tokenizer, generation_config: GenerationConfig = GenerationConfig(mode="ar"),
                  *, lora_params=None, lora=None):
-        if generation_config.resolved_mode not in ("ar", "spec"):
-            raise ValueError(f"generation_config.mode={generation_config.resolved_mode!r}: a rollout engine must "
-                             "sample the policy (mode 'ar' or 'spec'); modes 'mdm' and 'slotted' are not on-policy")
+        name = generation_config.mode.name
+        if name not in ON_POLICY:
+            raise ValueError(f"generation_config.mode={name!r}: a rollout engine must sample the policy (one of "
+                             f"{ON_POLICY}); modes 'mdm' and 'slotted' are not on-policy")
         self._params, self._config, self._tokenizer = params, config, tokenizer
         self._gcfg = generation_config
-        self._lora = {"lora_params": lora_params, "lora": lora} if generation_config.drafter == "lora" and \
-            generation_config.resolved_mode == "spec" else {}
+        uses_lora = getattr(generation_config.mode, "drafter", None) == "lora"
+        self._lora = {"lora_params": lora_params, "lora": lora} if uses_lora else {}
 
     # ---- the interface
     def generate(self, prompts: list[str], rollout_config, **kwargs) -> RolloutOutput:

@@ -4,9 +4,11 @@ Ragged prompts: row b's prompt occupies indices 0 … len_b−1 of the padded wi
 those rows, so each cache row has its own length and each row decodes at its own positions
 (len_b + i for the i-th new token). A row stops at its first EOS; the loop stops when every row has
 stopped or `max_new_tokens` are generated. `run_uncached` recomputes the whole sequence each step
-(same outputs; a baseline for the benchmark and a reference).
+(same outputs; a baseline for the benchmark and a reference). The mode, `AR()`, has no knobs of its own.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -16,12 +18,24 @@ from ..nn import model as model_lib
 from .config import GenerationConfig
 from .decoder import Decoder
 from .decoding import add_presence, finish, initial_presence, logprobs_of, prefill, sampler, special_ids
+from .mode import Mode
 
 Array = jax.Array
 
 
+@dataclasses.dataclass(frozen=True)
+class AR(Mode):
+    """The autoregressive baseline: the shared sampling knobs only."""
+
+    name = "ar"
+    label = "AR"
+
+    def short(self) -> str:
+        return ""
+
+
 def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: GenerationConfig,
-        debug: bool = False, dyn: dict | None = None) -> dict:
+        debug: bool = False, knobs: AR | None = None) -> dict:
     """AR decode. tokens int32 [B, P] right-padded, lengths [B]. Returns {'tokens' [B, G], 'lengths',
     'logprobs' [B, G] (`decoding.logprobs_of` each token, 0 where none), 'num_forward_passes' [B],
     'loop_passes'} (+ 'trace': {'logits' [G, B, V]} — the logits each token was sampled from — when
@@ -74,7 +88,7 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
 
 
 def run_uncached(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: GenerationConfig,
-                 debug: bool = False, dyn: dict | None = None) -> dict:
+                 debug: bool = False, knobs: AR | None = None) -> dict:
     """AR decode without a KV cache: every step is one causal pass over the whole [B, P + G] buffer.
     Same outputs as `run` (up to float rounding); used as the uncached baseline."""
     b, p = tokens.shape
@@ -115,4 +129,5 @@ def run_uncached(params, tokens: Array, lengths: Array, key: Array, *, config, g
 
 
 DECODER = Decoder(run)
-UNCACHED = Decoder(run_uncached)
+UNCACHED = Decoder(run_uncached)  # generate(..., use_cache=False)
+AR.decoder = DECODER

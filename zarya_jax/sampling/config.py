@@ -1,7 +1,8 @@
-"""`GenerationConfig` (every sampling knob, docs/algorithms.md §4–§7) and `GenerationOutput`.
+"""`GenerationConfig` (the decoding mode and the shared sampling knobs, docs/algorithms.md §4–§7) and
+`GenerationOutput`.
 
 The config is a frozen, hashable dataclass: it is a jit static argument, so one compile serves every
-call with the same (batch, prompt bucket, config).
+call with the same (batch, prompt bucket, config) — the mode's traced knobs aside (`sampling.mode`).
 """
 from __future__ import annotations
 
@@ -12,133 +13,82 @@ from typing import Any
 import numpy as np
 
 from ..config import missing_mask_token
+from .mode import Mode
 
-MODES = ("ar", "mdm", "slotted", "spec")
-DRAFTERS = ("lora", "self", "model")
-FUSED_DRAFTERS = ("self", "lora")  # a drafter whose draft fits in the verify pass (not a separate model)
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
-MDM_ORDERS = ("random", "logical", "confidence")
-MDM_SEQUENTIAL = ("mask", "ar")
-# Which knobs each sampler reads; setting another (e.g. `slot_size` for AR) would be silently ignored,
-# so `check_knobs` refuses it. `mode`, `slotted_generation` and `drafter` choose the sampler.
-COMMON_KNOBS = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "eos_token_id",
-                "stop_at_eos", "prompt_bucket", "kv_cache_dtype")
-MODE_KNOBS = {"ar": COMMON_KNOBS, "mdm": COMMON_KNOBS + ("steps", "alpha0", "mdm_order", "mdm_sequential"),
-              "slotted": COMMON_KNOBS + ("slot_size", "serial_num_blocks", "max_block_size", "slot_threshold",
-                                         "token_threshold",
-                                         "ar_infill", "ar_first_token"),
-              "spec": COMMON_KNOBS + ("draft_length", "fused", "draft_passes", "draft_when_active_below")}
-ROUTING_FIELDS = ("mode", "slotted_generation", "drafter", "fused")
-
-
-def check_knobs(mode: str, fields, prefix: str = "") -> None:
-    """Raises ValueError for a field among `fields` that sampler `mode` ("*": every sampler) does not
-    read, or a routing field, naming the modes that read it. `prefix` goes before the field name."""
-    readable = COMMON_KNOBS if mode == "*" else MODE_KNOBS[mode]
-    for field in fields:
-        if field in ROUTING_FIELDS:
-            raise ValueError(f"knob {prefix}{field}: it chooses the sampler; choose the mode instead")
-        if field not in readable:
-            owners = [m for m, knobs in MODE_KNOBS.items() if field in knobs]
-            what = "every mode" if mode == "*" else f"mode {mode!r}"
-            raise ValueError(f"knob {prefix}{field} is not read by {what} (it would be ignored); it is a knob of "
-                             f"{owners}. {what[0].upper() + what[1:]} reads {list(readable)}")
 
 
 @dataclasses.dataclass(frozen=True)
 class GenerationConfig:
-    """Knobs of `zarya_jax.sampling.generate`.
+    """Knobs of `zarya_jax.sampling.generate`: the decoding mode with its own knobs, and the sampling
+    knobs every mode shares.
 
-    mode: "ar" | "mdm" (mode A, docs/algorithms.md §5) | "slotted" (mode B, docs/algorithms.md §6) | "spec" (docs/algorithms.md §7); None routes
-      by `slotted_generation` as the paper does (True → "slotted", False → "mdm").
+    mode: a `Mode` (e.g. `slotted.Slotted(slot_size=4)`) or a mode's name (`modes.MODES`: "ar", "mdm",
+      "slotted", "spec-self", "spec-lora", "spec-model", "spec-self-fused", "spec-lora-fused"), which
+      becomes that mode with its default knobs. Each mode's knobs are documented in its file.
+    max_new_tokens: the budget G of generated tokens per row.
     temperature (0 = greedy), top_k (0 = off), top_p (1.0 = off), repetition_penalty (1.0 = off): docs/algorithms.md §4.
-    steps, alpha0: mode A's T (0 → ceil(M/4) diffusion steps of ≤ 4 tokens) and diffusion share.
-    mdm_order, mdm_sequential: mode A beyond the paper (defaults = the paper): the diffusion tokens in
-      "random" | "logical" | "confidence" order; the sequential phase read from the mask's own row
-      ("mask", MDM convention) or from the AR row of the token before it ("ar"); see `sampling.mdm`.
-    slot_size, serial_num_blocks, slot_threshold, token_threshold: mode B. `slot_threshold` in [0, 1];
-      any value > 1 is accepted and means "one slot per plan" (no first-token probability exceeds it,
-      so the single most confident slot is always chosen, as in ReFusion's code).
-    max_block_size: mode B's largest block (window rows of one pass): more blocks than `serial_num_blocks`
-      when ⌊G/NB⌋ exceeds it, so a pass's memory is bounded whatever G (docs/algorithms.md §6.0). The
-      block is part of the algorithm (a plan chooses among its slots), so where it binds the output
-      differs from the unbounded layout's; where ⌊G/NB⌋ ≤ max_block_size nothing changes.
-    ar_infill, ar_first_token: mode B's AR corrections (beyond the paper; off = ReFusion's rule): the token
-      forced after an accepted prefix is the AR row's own choice, and a slot that directly follows
-      committed text starts with the AR choice for that position (see `sampling.slotted`).
-    draft_length, drafter: mode "spec" (F and "lora" | "self" | "model": Uno's gated-LoRA adapter, Zarya
-      self-drafting, or a separate draft model passed to `generate` as `draft_params` / `draft_config`,
-      classic speculative sampling, docs/algorithms.md §7.6).
-    draft_passes: mode "spec" with drafter "lora": draft passes per cycle (docs/algorithms.md §7.7); pass k
-      re-drafts the block from pass k−1's drafts, the last pass's q is verified (lossless for any k).
-    fused: mode "spec" with drafter "self" or "lora" in one forward pass per cycle (docs/algorithms.md §7.5;
-      `draft_length` is its K drafts per cycle).
-    draft_when_active_below: mode "spec" (not fused): a cycle drafts only while the still-active rows are
-      at most this fraction of the batch, else it is one AR pass (one token, one forward): speculation
-      where decoding is memory-bound, in the same compiled loop (traced: no recompile per value). 1.0
-      drafts every cycle, 0.0 never drafts (plain AR through the spec loop).
     eos_token_id: None → the model config's; stop_at_eos: a row stops after its first EOS.
     prompt_bucket: padded prompt length is rounded up to a multiple of it (bounds the compiles).
     kv_cache_dtype: K/V storage of the cache, "auto" (the model's compute dtype) or one of
       `KV_CACHE_DTYPES` ("bfloat16" halves an fp32 model's cache; attention still computes in the model's dtype).
     """
 
-    mode: str | None = None
-    slotted_generation: bool = False
+    mode: Mode | str = "ar"
     max_new_tokens: int = 64
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     repetition_penalty: float = 1.0
-    steps: int = 0
-    alpha0: float = 0.25
-    mdm_order: str = "random"
-    mdm_sequential: str = "mask"
-    slot_size: int = 8
-    serial_num_blocks: int = 2
-    max_block_size: int = 256
-    slot_threshold: float = 0.9
-    token_threshold: float = 0.9
-    ar_infill: bool = False
-    ar_first_token: bool = False
-    draft_length: int = 8
-    drafter: str = "lora"
-    fused: bool = False
-    draft_passes: int = 1
-    draft_when_active_below: float = 1.0
     eos_token_id: int | None = None
-    prompt_bucket: int = 16
     stop_at_eos: bool = True
+    prompt_bucket: int = 16
     kv_cache_dtype: str = "auto"
 
-    @property
-    def resolved_mode(self) -> str:
-        if self.mode is not None:
-            return self.mode
-        return "slotted" if self.slotted_generation else "mdm"
+    def __post_init__(self):
+        if isinstance(self.mode, str):
+            from .modes import mode  # the modes' files import this one
+            object.__setattr__(self, "mode", mode(self.mode))
+        elif not isinstance(self.mode, Mode):
+            from .modes import MODES
+            raise ValueError(f"GenerationConfig.mode={self.mode!r}: expected a Mode or one of {list(MODES)}")
 
     @property
     def needs_mask_token(self) -> bool:
-        """Whether decoding reads the mask token: modes A and B, and the self drafter, which drafts from it
-        (modes ar and spec with a uniform-noise LoRA drafter or a draft model do not)."""
-        mode = self.resolved_mode
-        return mode in ("mdm", "slotted") or (mode == "spec" and self.drafter == "self")
+        """Whether decoding reads the mask token (the mode's `needs_mask_token`)."""
+        return self.mode.needs_mask_token
 
     def replace(self, **changes) -> "GenerationConfig":
         return dataclasses.replace(self, **changes)
 
+    def with_knobs(self, **fields) -> "GenerationConfig":
+        """This config with shared fields and/or the mode's fields replaced (a field that is neither:
+        ValueError naming both sets)."""
+        shared = [f.name for f in dataclasses.fields(self) if f.name != "mode"]
+        own = [f.name for f in dataclasses.fields(self.mode)]
+        unknown = [k for k in fields if k not in shared and k not in own]
+        if unknown:
+            raise ValueError(f"knob(s) {unknown}: not a field of mode {self.mode.name!r} ({own}) nor a shared "
+                             f"GenerationConfig field ({shared})")
+        mode = dataclasses.replace(self.mode, **{k: v for k, v in fields.items() if k in own})
+        return dataclasses.replace(self, mode=mode, **{k: v for k, v in fields.items() if k in shared})
+
+    def as_dict(self) -> dict[str, Any]:
+        """A flat record: {"mode": name, the mode's fields, the shared fields} (`from_dict` inverts it)."""
+        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "mode"}
+        return {"mode": self.mode.name, **dataclasses.asdict(self.mode), **shared}
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> "GenerationConfig":
+        """The config of an `as_dict` record."""
+        record = dict(record)
+        return cls(mode=record.pop("mode")).with_knobs(**record)
+
     def validate(self, model_config=None, prompts=None) -> None:
-        """Raises ValueError naming the bad value and what was expected (called before compiling)."""
-        if self.mode is not None and self.mode not in MODES:
-            raise ValueError(f"GenerationConfig.mode={self.mode!r}: expected one of {MODES} or None")
+        """Raises ValueError naming the bad value and what was expected (called before compiling): the
+        shared fields, then the mode's own (`Mode.check`)."""
         _int_at_least("max_new_tokens", self.max_new_tokens, 1)
         _int_at_least("top_k", self.top_k, 0)
-        _int_at_least("steps", self.steps, 0)
-        _int_at_least("slot_size", self.slot_size, 1)
-        _int_at_least("serial_num_blocks", self.serial_num_blocks, 1)
-        _int_at_least("max_block_size", self.max_block_size, 1)
-        _int_at_least("draft_length", self.draft_length, 1)
-        _int_at_least("draft_passes", self.draft_passes, 1)
         _int_at_least("prompt_bucket", self.prompt_bucket, 1)
         if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
                 and self.temperature >= 0):
@@ -149,53 +99,9 @@ class GenerationConfig:
                 and self.repetition_penalty > 0):
             raise ValueError(
                 f"GenerationConfig.repetition_penalty={self.repetition_penalty!r}: expected a finite value > 0")
-        if not (isinstance(self.alpha0, (int, float)) and 0.0 <= self.alpha0 <= 1.0):
-            raise ValueError(f"GenerationConfig.alpha0={self.alpha0!r}: expected a value in [0, 1]")
-        if not (isinstance(self.slot_threshold, (int, float)) and self.slot_threshold >= 0.0
-                and not math.isnan(self.slot_threshold)):
-            raise ValueError(f"GenerationConfig.slot_threshold={self.slot_threshold!r}: expected a value in "
-                             "[0, 1] (or > 1 for one slot per plan)")
-        if not (isinstance(self.token_threshold, (int, float)) and 0.0 <= self.token_threshold <= 1.0):
-            raise ValueError(f"GenerationConfig.token_threshold={self.token_threshold!r}: expected a value in [0, 1]")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"GenerationConfig.kv_cache_dtype={self.kv_cache_dtype!r}: expected one of {KV_CACHE_DTYPES}")
-        if self.mdm_order not in MDM_ORDERS:
-            raise ValueError(f"GenerationConfig.mdm_order={self.mdm_order!r}: expected one of {MDM_ORDERS}")
-        if self.mdm_sequential not in MDM_SEQUENTIAL:
-            raise ValueError(
-                f"GenerationConfig.mdm_sequential={self.mdm_sequential!r}: expected one of {MDM_SEQUENTIAL}")
-        if self.drafter not in DRAFTERS:
-            raise ValueError(f"GenerationConfig.drafter={self.drafter!r}: expected one of {DRAFTERS}")
-        if not isinstance(self.fused, bool):
-            raise ValueError(f"GenerationConfig.fused={self.fused!r}: expected True or False")
-        if self.fused and (self.resolved_mode != "spec" or self.drafter not in FUSED_DRAFTERS):
-            raise ValueError(f"GenerationConfig.fused=True is a mode of Ψ-Spec with the self or LoRA drafter; got "
-                             f"mode={self.resolved_mode!r}, drafter={self.drafter!r} (expected mode='spec', drafter "
-                             f"in {FUSED_DRAFTERS})")
-        if self.fused and self.draft_passes > 1:
-            raise ValueError(f"GenerationConfig.draft_passes={self.draft_passes}: the fused loop drafts once per cycle, "
-                             "inside the verify pass (expected 1 with fused=True)")
-        if self.draft_passes > 1 and (self.resolved_mode != "spec" or self.drafter != "lora"):
-            raise ValueError(f"GenerationConfig.draft_passes={self.draft_passes} re-drafts with the LoRA drafter; got "
-                             f"mode={self.resolved_mode!r}, drafter={self.drafter!r} (expected mode='spec', drafter='lora')")
-        if not (isinstance(self.draft_when_active_below, (int, float)) and not isinstance(self.draft_when_active_below, bool)
-                and 0.0 <= self.draft_when_active_below <= 1.0):
-            raise ValueError(f"GenerationConfig.draft_when_active_below={self.draft_when_active_below!r}: expected a "
-                             "fraction of the batch's rows in [0, 1]")
-        if self.draft_when_active_below != 1.0 and self.drafter == "model":
-            raise ValueError(f"GenerationConfig.draft_when_active_below={self.draft_when_active_below}: the draft-model "
-                             "loop drafts every cycle (expected 1.0 with drafter='model')")
-        if self.fused and self.draft_when_active_below != 1.0:
-            raise ValueError(f"GenerationConfig.draft_when_active_below={self.draft_when_active_below}: the fused "
-                             "speculation loop drafts every cycle (expected 1.0 with fused=True)")
-        if self.resolved_mode == "slotted" and self.slot_size > self.max_new_tokens:
-            raise ValueError(
-                f"GenerationConfig.slot_size={self.slot_size} does not fit max_new_tokens={self.max_new_tokens}: "
-                "mode B needs at least one whole slot (slot_size ≤ max_new_tokens)")
-        if self.resolved_mode == "slotted" and self.slot_size > self.max_block_size:
-            raise ValueError(
-                f"GenerationConfig.slot_size={self.slot_size} does not fit max_block_size={self.max_block_size}: "
-                "a block holds whole slots (raise max_block_size or lower slot_size)")
+        self.mode.check(self)
         if model_config is not None:
             self._validate_model(model_config)
         if prompts is not None:
@@ -203,8 +109,8 @@ class GenerationConfig:
 
     def _validate_model(self, mc) -> None:
         if self.needs_mask_token and mc.mask_token_id is None:
-            raise ValueError(missing_mask_token(f"mode {self.resolved_mode!r} needs", otherwise=(
-                "decode with mode ar, or spec with a uniform-noise LoRA drafter (neither reads one)")))
+            raise ValueError(missing_mask_token(f"mode {self.mode.name!r} needs", otherwise=(
+                "decode with mode ar, or spec-lora with a uniform-noise LoRA drafter (neither reads one)")))
         eos = self.eos_token_id
         if eos is not None and not 0 <= eos < mc.vocab_size:
             raise ValueError(f"GenerationConfig.eos_token_id={eos}: outside the vocabulary [0, {mc.vocab_size})")
@@ -227,9 +133,7 @@ class GenerationConfig:
                 raise ValueError(f"prompts[{i}] has token id {int(arr.min() if arr.min() < 0 else arr.max())} "
                                  f"outside the vocabulary [0, {mc.vocab_size})")
             if mc is not None:
-                # the fused window's last scenario rows reach K positions past the last draft
-                reach = (2 if self.fused else 1) * self.draft_length
-                need = len(p) + self.max_new_tokens + (reach if self.resolved_mode == "spec" else 0)
+                need = len(p) + self.max_new_tokens + self.mode.lookahead()
                 if need > mc.max_position_embeddings:
                     raise ValueError(
                         f"prompts[{i}] has {len(p)} tokens; with max_new_tokens={self.max_new_tokens} it needs "
@@ -250,9 +154,9 @@ class GenerationOutput:
     lengths: np.int32 [B], generated tokens per row, the first EOS included.
     num_forward_passes: np.int32 [B], model passes that row took part in (prefill counts as one pass).
     tokens_per_forward: np.float32 [B], lengths / num_forward_passes.
-    stats: dict with "mode", "loop_passes" (passes of the batched program), "mean_tokens_per_forward",
+    stats: dict with "mode" (its name), "loop_passes" (passes of the batched program), "mean_tokens_per_forward",
       per-mode extras and, with `debug=True`, "trace".
-    logprobs: np.float32 [B, max_new_tokens] for modes "ar" and "spec", else None: log p(token) of each
+    logprobs: np.float32 [B, max_new_tokens] for modes "ar" and "spec-*", else None: log p(token) of each
       generated token under the AR model at the sampling temperature (1 when greedy), the mask token
       banned, before top-k / top-p / repetition penalty — what a teacher-forced forward over prompt +
       output gives (`primitives.token_logprob`); 0 after `lengths[b]`. Modes "mdm" and "slotted" sample

@@ -1,23 +1,23 @@
 """The decoder protocol: what every decoding mode gives `generate()` (docs/algorithms.md §4).
 
 `generate` does the work all modes share — validating the config and the prompts, padding them into
-one bucketed batch, compiling one program per (batch, bucket, model config, generation config),
-fetching the result and assembling the `GenerationOutput` — and a `Decoder` does the rest:
+one bucketed batch, compiling one program per (batch, bucket, model config, generation config with
+the mode's `static()`), fetching the result and assembling the `GenerationOutput` — and the mode's
+`Decoder` (`Mode.decoder`, set in the mode's file) does the rest:
 
-- `run(params, tokens, lengths, key, *, config, gcfg, debug, dyn[, lora_params, lora][, draft_params,
+- `run(params, tokens, lengths, key, *, config, gcfg, debug, knobs[, lora_params, lora][, draft_params,
   draft_config])`: the decode itself, traced inside one `jax.jit` (`tokens` int32 [B, P] right-padded,
-  `lengths` [B]; `dyn` the knobs passed as traced scalars, a `slotted.Knobs`; the adapter only for a
+  `lengths` [B]; `gcfg` the static generation config, whose mode has its traced fields reset;
+  `knobs` the mode itself with its traced fields as arrays, `Mode.arrays`; the adapter only for a
   decoder that `uses_adapter`, the draft model only for one that `uses_draft_model`).
   Returns a dict with at least `tokens` [B, G] (logical order, pad after the end), `lengths` [B],
   `num_forward_passes` [B] and `loop_passes`.
 - `stats(raw, gcfg, tokens, lengths, out_lengths) -> dict`: mode-specific statistics from the host copy
   of that dict (physical order, acceptance, …).
-- `check(config, gcfg, weights, weights_config)`: mode-specific validation at the edge, before compiling;
-  the drafter's weights and their config are the adapter (`lora_params`, `lora`), or the draft model
-  (`draft_params`, `draft_config`) for a decoder that `uses_draft_model`.
-- `knobs(gcfg)`: the mode's traced knobs (`dyn`), default mode B's `slotted.Knobs`.
-- `static(gcfg)`: the generation config as the compile key sees it, for a mode whose traced knobs
-  stand for fields beyond the reset ones (`generate.static_key`); default unchanged.
+- `check(config, gcfg, weights, weights_config)`: mode-specific validation of the weights at the edge,
+  before compiling (the knobs are checked by `Mode.check`); the drafter's weights and their config are
+  the adapter (`lora_params`, `lora`), or the draft model (`draft_params`, `draft_config`) for a decoder
+  that `uses_draft_model`.
 """
 from __future__ import annotations
 
@@ -44,5 +44,3 @@ class Decoder:
     check: Callable[..., None] = no_check
     uses_adapter: bool = False
     uses_draft_model: bool = False
-    knobs: Callable[..., Any] | None = None
-    static: Callable[[Any], Any] | None = None

@@ -10,9 +10,9 @@ over a window of (K+1) + (K+1)·B rows holds
   verify rows 0 … m (y, d1 … dm) and, causally, their own block. Its first row holds e's place (e is
   drawn from p, so the row is context only for the self drafter). The drafts of the next cycle,
   d'_i for position n+m+i (i = 1 … K), are read from the block by the drafter's own convention:
-  * `drafter="self"` (B = K+1, mask tokens, one set of weights): row i drafts its own position
+  * `FusedSelf` (mode "spec-self-fused", B = K+1, mask tokens, one set of weights): row i drafts its own position
     (MDM convention), rows 1 … K;
-  * `drafter="lora"` (B = K, the adapter's noise rows `LoraConfig.noise`, gate on): row i drafts the
+  * `FusedLora` (mode "spec-lora-fused", B = K, the adapter's noise rows `LoraConfig.noise`, gate on): row i drafts the
     next position (the adapter's next-token convention), rows 0 … K−1. Block m is then exactly the
     two-pass draft window `[seed, z1 … zK]` with the seed d_m (y for m = 0) at n+m−1: the seed row is
     verify row m, whose K/V is the AR K/V either way. So the adapter's training layout (a clean seed,
@@ -25,7 +25,7 @@ see e). The cycle commits the K/V of `y, d1 … dm` (computed against the cache:
 the next y and takes block m's draft rows as the next drafts and q. Each emitted token has its AR
 logits at hand (d_j from verify row j−1, e from row m), so its log-probability costs nothing.
 
-Every cycle has K drafts, so the only knob is `draft_length` = K. The first cycle's drafts come from the
+Every cycle has K drafts, so the only knob is `draft_length` = K (`Fused`). The first cycle's drafts come from the
 prefill itself: one causal pass over each prompt followed by B−1 noise rows (`prefill_and_draft`) commits
 the prompt minus y and reads the rows of y and the noise as a scenario block (for the LoRA drafter y's
 row is its AR row, so d1 is drawn from p itself). Forward passes per row: the prefill and one per cycle.
@@ -36,7 +36,9 @@ Statistics (as `spec.summarize`): `accepted_per_cycle` (mean m, drafts kept), `t
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import Callable, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -49,8 +51,47 @@ from ..nn.lora import noise_tokens
 from . import decoding, spec
 from .config import GenerationConfig
 from .decoder import Decoder
+from .mode import Mode, expect_int
 
 Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class Fused(Mode):
+    """Fused Ψ-Spec's knob: draft_length, K drafts per cycle (module doc)."""
+
+    lossless = True
+    drafter: ClassVar[str]
+
+    draft_length: int = 8
+
+    def check(self, gc) -> None:
+        expect_int(self, "draft_length", 1)
+
+    def lookahead(self) -> int:
+        return 2 * self.draft_length  # the last scenario rows reach K positions past the last draft
+
+    def short(self) -> str:
+        return f"K={self.draft_length}"
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedSelf(Fused):
+    """Fused self-speculation: the scenario blocks are mask rows (one set of weights)."""
+
+    name = "spec-self-fused"
+    label = "spec, self drafter, fused"
+    drafter = "self"
+    needs_mask_token = True
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedLora(Fused):
+    """Fused speculation with Uno's gated-LoRA drafter (`generate`'s `lora_params`, `lora`)."""
+
+    name = "spec-lora-fused"
+    label = "spec, LoRA drafter, fused"
+    drafter = "lora"
 
 
 def block_rows(k: int, drafter: str) -> int:
@@ -74,8 +115,8 @@ def window_layout(k: int, drafter: str = "self") -> tuple[np.ndarray, np.ndarray
 
 
 def window_rows(gcfg: GenerationConfig) -> int:
-    k = gcfg.draft_length
-    return (k + 1) * (1 + block_rows(k, gcfg.drafter))
+    k = gcfg.mode.draft_length
+    return (k + 1) * (1 + block_rows(k, gcfg.mode.drafter))
 
 
 def prefill_and_draft(params, config: ModelConfig, prompts: Array, lengths: Array, noise: Array, blk: int,
@@ -98,99 +139,145 @@ def prefill_and_draft(params, config: ModelConfig, prompts: Array, lengths: Arra
     return cache, jnp.take_along_axis(prompts, (lengths - 1)[:, None], axis=1)[:, 0], logits
 
 
-@functools.partial(jax.jit, static_argnames=("config", "gcfg", "lora"))
-def fused_decode(params, lora_params, prompts: Array, lengths: Array, key: Array, max_cycles: Array, *,
-                 config: ModelConfig, gcfg: GenerationConfig, lora: LoraConfig | None = None) -> dict:
-    """Fused Ψ-Spec decode (module doc) with `gcfg.drafter` ("self": lora_params and lora None; "lora":
-    the adapter). prompts int [b, P] right-padded, lengths int [b] ≥ 1; max_cycles int32 scalar (traced;
-    cycle c's randomness is fold_in(key, c + 1), the prefill's drafts' fold_in(key, 0)). Returns the keys of
-    `spec.spec_decode` ('accepted_at', 'reached_at' per draft d1 … dK; 'seed' is y, 'positions' n) plus
-    'drafts' [b, K]."""
-    K, G = gcfg.draft_length, gcfg.max_new_tokens
-    w, blk = K + 1, block_rows(K, gcfg.drafter)
-    first = blk - K  # a block's first draft row: 1 (self, MDM convention) or 0 (LoRA, next-token)
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """One fused decode's constants: the weights, the drafter, the sizes (K drafts, w = K+1 verify rows,
+    B rows per scenario block, `first` draft row of a block: 1 (self, MDM convention) or 0 (LoRA,
+    next-token)), the sampling rule (`spec.target`), EOS and the key."""
+
+    params: dict
+    lora_params: dict | None
+    config: ModelConfig
+    gcfg: GenerationConfig
+    lora: LoraConfig | None
+    dist: Callable
+    draw: Callable
+    eos: int | None
+    key: Array
+    b: int
+
+    @property
+    def K(self) -> int:
+        return self.gcfg.mode.draft_length
+
+    @property
+    def w(self) -> int:
+        return self.K + 1
+
+    @property
+    def blk(self) -> int:
+        return block_rows(self.K, self.gcfg.mode.drafter)
+
+    @property
+    def first(self) -> int:
+        return self.blk - self.K
+
+    @property
+    def self_drafts(self) -> bool:
+        return self.gcfg.mode.drafter == "self"
+
+    @property
+    def adapter(self) -> dict:
+        return {} if self.self_drafts else {"lora_params": self.lora_params, "lora": self.lora}
+
+    def noise(self, k: Array, shape) -> Array:
+        """The drafter's input ids for rows it drafts from."""
+        if self.self_drafts:
+            return jnp.full(shape, self.config.mask_token_id, jnp.int32)
+        return noise_tokens(k, shape, self.config.vocab_size, self.config.mask_token_id, self.lora.noise)
+
+    def gated(self, on: Array) -> dict:
+        """LoRA on the drafting rows only; the self drafter has one set of weights."""
+        return {} if self.self_drafts else {"gate": jnp.broadcast_to(on, (self.b,) + on.shape[1:])}
+
+    def drafts_from(self, k: Array, logits: Array, presence) -> tuple[Array, Array]:
+        """drafts ~ q and q itself; any q is lossless, so the penalty set is the committed text's."""
+        pres = None if presence is None else presence[:, None, :]
+        return self.draw(k, logits, pres), self.dist(logits, pres)
+
+
+def _start(fx: Window, prompts: Array, lengths: Array) -> dict:
+    """The loop's first state: the prefill drafts the first cycle, `[y, noise × (B−1)]` at n−1 … n+B−2
+    read as a scenario block."""
     b, P = prompts.shape
-    greedy = gcfg.temperature == 0
-    eos, pad = decoding.special_ids(config, gcfg)
-    prompts = prompts.astype(jnp.int32)
-    lengths = lengths.astype(jnp.int32)
-    adapter = {} if gcfg.drafter == "self" else {"lora_params": lora_params, "lora": lora}
+    K, G = fx.K, fx.gcfg.max_new_tokens
+    k_boot, k_boot_noise = jax.random.split(jax.random.fold_in(fx.key, 0))
+    cache, y, boot = prefill_and_draft(fx.params, fx.config, prompts, lengths,
+                                       fx.noise(k_boot_noise, (b, P + fx.blk - 1)), fx.blk,
+                                       spec.cache_rows(fx.gcfg, P), fx.gcfg.kv_cache_dtype, fx.adapter or None)
+    presence = decoding.initial_presence(prompts, lengths, fx.config.vocab_size, fx.gcfg)
+    drafts, q = fx.drafts_from(k_boot, boot[:, fx.first:], presence)
+    _, pad = decoding.special_ids(fx.config, fx.gcfg)
+    return dict(cache=cache, y=y, n=lengths, drafts=drafts, q=q, out=jnp.full((b, G), pad, jnp.int32),
+                logprobs=jnp.zeros((b, G), jnp.float32), g=jnp.zeros((b,), jnp.int32),
+                done=jnp.zeros((b,), bool), cycle=jnp.int32(0), row_cycles=jnp.zeros((b,), jnp.int32),
+                accepted_sum=jnp.int32(0), accepted_at=jnp.zeros((K,), jnp.int32),
+                reached_at=jnp.zeros((K,), jnp.int32), presence=presence)
 
-    dist, draw = spec.target(config, gcfg)
 
-    def noise(k, shape):  # the drafter's input ids for rows it drafts from
-        if gcfg.drafter == "self":
-            return jnp.full(shape, config.mask_token_id, jnp.int32)
-        return noise_tokens(k, shape, config.vocab_size, config.mask_token_id, lora.noise)
-
-    def gated(on):  # LoRA on the drafting rows only; the self drafter has one set of weights
-        return {} if gcfg.drafter == "self" else {"gate": jnp.broadcast_to(on, (b,) + on.shape[1:])}
-
-    def drafts_from(k, logits, presence):  # drafts ~ q and q itself; any q is lossless, so the penalty set
-        pres = None if presence is None else presence[:, None, :]  # is the committed text's
-        return draw(k, logits, pres), dist(logits, pres)
-
-    # The prefill drafts the first cycle: `[y, noise × (B−1)]` at n−1 … n+B−2, read as a scenario block.
-    k_boot, k_boot_noise = jax.random.split(jax.random.fold_in(key, 0))
-    cache, y, boot = prefill_and_draft(params, config, prompts, lengths, noise(k_boot_noise, (b, P + blk - 1)), blk,
-                                       spec.cache_rows(gcfg, P), gcfg.kv_cache_dtype, adapter or None)
-    presence = decoding.initial_presence(prompts, lengths, config.vocab_size, gcfg)
-    drafts, q = drafts_from(k_boot, boot[:, first:], presence)
-
-    offsets, mask = window_layout(K, gcfg.drafter)
+def fused_cycle(fx: Window, s: dict) -> dict:
+    """One cycle: the one pass over the verify block and the scenario blocks, acceptance, the commit of
+    `y, d1 … dm`, the emitted tokens and block m's drafts for the next cycle."""
+    b, K, w, blk = fx.b, fx.K, fx.w, fx.blk
+    offsets, mask = window_layout(K, fx.gcfg.mode.drafter)
     offsets = jnp.asarray(offsets)[None, :]
     mask = jnp.broadcast_to(jnp.asarray(mask), (b,) + mask.shape)
     scenario = jnp.arange(offsets.shape[1])[None, :] >= w
     idx_w = jnp.arange(w, dtype=jnp.int32)[None, :]
     idx_k = jnp.arange(K, dtype=jnp.int32)[None, :]
+    kc = jax.random.fold_in(fx.key, s["cycle"] + 1)
+    k_acc, k_draw = jax.random.split(kc)
+    active = ~s["done"]
+    c, n = s["cache"], s["n"]
+    verify = jnp.concatenate([s["y"][:, None], s["drafts"]], axis=1)  # [y, d1 … dK]
+    tokens = jnp.concatenate([verify, fx.noise(jax.random.fold_in(kc, 2), (b, w * blk))], axis=1)
+    logits, (k_win, v_win) = model_lib.apply(fx.params, fx.config, tokens, n[:, None] + offsets, cache=c,
+                                             window_mask=mask, **fx.gated(scenario), **fx.adapter)
+    logits_v = logits[:, :w]  # row j: p for position n+j
+    p = fx.dist(logits_v, spec.presence_rows(s["presence"], verify))
+    m, e = spec.accept_drafts(p, s["q"], s["drafts"], k_acc, greedy=fx.gcfg.temperature == 0)
+    keep = (idx_w <= m[:, None]) & active[:, None]  # y, d1 … dm
+    c = kv_cache.commit(c, (k_win[:, :, :w], v_win[:, :, :w]), keep)
 
-    state = dict(cache=cache, y=y, n=lengths, drafts=drafts, q=q, out=jnp.full((b, G), pad, jnp.int32),
-                 logprobs=jnp.zeros((b, G), jnp.float32), g=jnp.zeros((b,), jnp.int32),
-                 done=jnp.zeros((b,), bool), cycle=jnp.int32(0), row_cycles=jnp.zeros((b,), jnp.int32),
-                 accepted_sum=jnp.int32(0), accepted_at=jnp.zeros((K,), jnp.int32),
-                 reached_at=jnp.zeros((K,), jnp.int32), presence=presence)
+    # Emitted: d1 … dm, then e at index m (m+1 tokens); token i's AR logits are verify row i.
+    new = jnp.where(idx_w < m[:, None], jnp.concatenate([s["drafts"], e[:, None]], axis=1), e[:, None])
+    out, logprobs, g, finished, written = decoding.emit(s["out"], s["logprobs"], s["g"], active, new, m + 1,
+                                                        logits_v, fx.eos, config=fx.config, gcfg=fx.gcfg)
+    presence = decoding.add_presence(s["presence"], new, written)
 
-    def cond(s):
-        return jnp.any(~s["done"]) & (s["cycle"] < jnp.minimum(max_cycles, G))
+    # The next drafts: block m's draft rows (for positions n+m+1 … n+m+K).
+    blocks = logits[:, w:].reshape(b, w, blk, -1)
+    chosen = jnp.take_along_axis(blocks, m[:, None, None, None], axis=1)[:, 0, fx.first:]
+    drafts, q = fx.drafts_from(k_draw, chosen, presence)
 
-    def body(s):
-        kc = jax.random.fold_in(key, s["cycle"] + 1)
-        k_acc, k_draw = jax.random.split(kc)
-        active = ~s["done"]
-        c, n = s["cache"], s["n"]
-        verify = jnp.concatenate([s["y"][:, None], s["drafts"]], axis=1)  # [y, d1 … dK]
-        tokens = jnp.concatenate([verify, noise(jax.random.fold_in(kc, 2), (b, w * blk))], axis=1)
-        logits, (k_win, v_win) = model_lib.apply(params, config, tokens, n[:, None] + offsets, cache=c,
-                                                 window_mask=mask, **gated(scenario), **adapter)
-        logits_v = logits[:, :w]  # row j: p for position n+j
-        p = dist(logits_v, spec.presence_rows(s["presence"], verify))
-        m, e = spec.accept_drafts(p, s["q"], s["drafts"], k_acc, greedy=greedy)
-        keep = (idx_w <= m[:, None]) & active[:, None]  # y, d1 … dm
-        c = kv_cache.commit(c, (k_win[:, :, :w], v_win[:, :, :w]), keep)
+    act = active.astype(jnp.int32)
+    reached = (idx_k <= jnp.minimum(m, K - 1)[:, None]) & active[:, None]  # d1 … d_{m+1} examined
+    accepted = (idx_k < m[:, None]) & active[:, None]
+    keep_row = active[:, None]
+    return dict(cache=c, y=jnp.where(active, e, s["y"]), n=jnp.where(active, n + m + 1, n),
+                drafts=jnp.where(keep_row, drafts, s["drafts"]), q=jnp.where(keep_row[..., None], q, s["q"]),
+                out=out, logprobs=logprobs, g=g, done=s["done"] | finished, cycle=s["cycle"] + 1,
+                row_cycles=s["row_cycles"] + act, accepted_sum=s["accepted_sum"] + jnp.sum(m * act),
+                accepted_at=s["accepted_at"] + accepted.sum(0).astype(jnp.int32),
+                reached_at=s["reached_at"] + reached.sum(0).astype(jnp.int32), presence=presence)
 
-        # Emitted: d1 … dm, then e at index m (m+1 tokens); token i's AR logits are verify row i.
-        new = jnp.where(idx_w < m[:, None], jnp.concatenate([s["drafts"], e[:, None]], axis=1), e[:, None])
-        out, logprobs, g, finished, written = decoding.emit(s["out"], s["logprobs"], s["g"], active, new, m + 1,
-                                                            logits_v, eos, config=config, gcfg=gcfg)
-        presence = decoding.add_presence(s["presence"], new, written)
 
-        # The next drafts: block m's draft rows (for positions n+m+1 … n+m+K).
-        blocks = logits[:, w:].reshape(b, w, blk, -1)
-        chosen = jnp.take_along_axis(blocks, m[:, None, None, None], axis=1)[:, 0, first:]
-        drafts, q = drafts_from(k_draw, chosen, presence)
-
-        act = active.astype(jnp.int32)
-        reached = (idx_k <= jnp.minimum(m, K - 1)[:, None]) & active[:, None]  # d1 … d_{m+1} examined
-        accepted = (idx_k < m[:, None]) & active[:, None]
-        keep_row = active[:, None]
-        return dict(cache=c, y=jnp.where(active, e, s["y"]), n=jnp.where(active, n + m + 1, n),
-                    drafts=jnp.where(keep_row, drafts, s["drafts"]), q=jnp.where(keep_row[..., None], q, s["q"]),
-                    out=out, logprobs=logprobs, g=g, done=s["done"] | finished, cycle=s["cycle"] + 1,
-                    row_cycles=s["row_cycles"] + act, accepted_sum=s["accepted_sum"] + jnp.sum(m * act),
-                    accepted_at=s["accepted_at"] + accepted.sum(0).astype(jnp.int32),
-                    reached_at=s["reached_at"] + reached.sum(0).astype(jnp.int32), presence=presence)
-
-    s = jax.lax.while_loop(cond, body, state)
+@functools.partial(jax.jit, static_argnames=("config", "gcfg", "lora"))
+def fused_decode(params, lora_params, prompts: Array, lengths: Array, key: Array, max_cycles: Array, *,
+                 config: ModelConfig, gcfg: GenerationConfig, lora: LoraConfig | None = None) -> dict:
+    """Fused Ψ-Spec decode (module doc) with the drafter of `gcfg.mode` (`FusedSelf`: lora_params and lora
+    None; `FusedLora`: the adapter). prompts int [b, P] right-padded, lengths int [b] ≥ 1; max_cycles
+    int32 scalar (traced; cycle c's randomness is fold_in(key, c + 1), the prefill's drafts'
+    fold_in(key, 0)). Returns the keys of `spec.spec_decode` ('accepted_at', 'reached_at' per draft
+    d1 … dK; 'seed' is y, 'positions' n) plus 'drafts' [b, K]."""
+    prompts = prompts.astype(jnp.int32)
+    lengths = lengths.astype(jnp.int32)
+    dist, draw = spec.target(config, gcfg)
+    fx = Window(params=params, lora_params=lora_params, config=config, gcfg=gcfg, lora=lora, dist=dist, draw=draw,
+                eos=decoding.special_ids(config, gcfg)[0], key=key, b=prompts.shape[0])
+    G = gcfg.max_new_tokens
+    s = jax.lax.while_loop(lambda s: jnp.any(~s["done"]) & (s["cycle"] < jnp.minimum(max_cycles, G)),
+                           functools.partial(fused_cycle, fx), _start(fx, prompts, lengths))
     return {"tokens": s["out"], "lengths": s["g"], "logprobs": s["logprobs"],
             "num_forward_passes": 1 + s["row_cycles"], "loop_passes": 1 + s["cycle"], "row_cycles": s["row_cycles"],
             "accepted_sum": s["accepted_sum"], "accepted_at": s["accepted_at"], "reached_at": s["reached_at"],
@@ -198,7 +285,7 @@ def fused_decode(params, lora_params, prompts: Array, lengths: Array, key: Array
 
 
 def run(params, tokens: Array, lengths: Array, key: Array, *, config: ModelConfig, gcfg: GenerationConfig,
-        debug: bool = False, dyn: dict | None = None, lora_params=None, lora: LoraConfig | None = None) -> dict:
+        debug: bool = False, knobs: Fused | None = None, lora_params=None, lora: LoraConfig | None = None) -> dict:
     """The decoder's run: `fused_decode` with the whole budget, without the final cache."""
     raw = fused_decode(params, lora_params, tokens, lengths, key, jnp.int32(gcfg.max_new_tokens), config=config,
                        gcfg=gcfg, lora=lora)
@@ -206,7 +293,9 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config: ModelConfi
 
 
 def stats(raw: dict, gcfg: GenerationConfig, tokens: np.ndarray, lengths: np.ndarray, out_lengths: np.ndarray) -> dict:
-    return {"drafter": gcfg.drafter, "draft_length": gcfg.draft_length, "fused": True, **spec.summarize(raw)}
+    return {"drafter": gcfg.mode.drafter, "draft_length": gcfg.mode.draft_length, "fused": True,
+            **spec.summarize(raw)}
 
 
 DECODER = Decoder(run, stats, spec.check, uses_adapter=True)
+FusedSelf.decoder = FusedLora.decoder = DECODER

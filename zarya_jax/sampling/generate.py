@@ -1,67 +1,59 @@
 """The one inference entry point (docs/algorithms.md §4): validate, pad/bucket the prompts, run one compiled program.
 
-Every mode is a `decoder.Decoder` (`DECODERS`); `generate` does what they share. Each mode is one
-`jax.jit` with the model config, the generation config, the adapter config and `debug` static, so a
-program is compiled once per (batch size, prompt bucket, model config, generation config) and a call
-with new prompts of the same bucket reuses it. Mode B's thresholds (`slot_threshold`,
-`token_threshold`) and AR corrections (`ar_infill`, `ar_first_token`), mode A's α0, planned order
-(random or logical) and sequential convention, and Ψ-Spec's `draft_when_active_below`, are passed as
-traced scalars instead, so sweeping them reuses one program.
-`TRACE_COUNTS[mode]` counts traces (for tests).
+The generation config's mode (`mode.Mode`) carries its `decoder.Decoder`; `generate` does what the
+modes share. Each decoder is one `jax.jit` with the model config, the generation config (its mode's
+`static()`: the traced fields reset), the adapter config and `debug` static, so a program is compiled
+once per (batch size, prompt bucket, model config, generation config) and a call with new prompts of
+the same bucket reuses it. The mode's TRACED fields (mode B's thresholds and AR corrections, mode A's
+α0, planned order and sequential convention, Ψ-Spec's `draft_when_active_below`) are passed as traced
+scalars instead — the mode object itself, its traced fields as arrays — so sweeping them reuses one
+program. `TRACE_COUNTS[mode name]` counts traces (for tests).
 """
 from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import ar, decoding, fused, mdm, slotted, spec, spec_model
+from . import ar, decoding
 from .config import GenerationConfig, GenerationOutput
 from .decoder import Decoder
 from ..nn import hf_params
 from .prompts import as_prompt_list, pad_prompts
 
 TRACE_COUNTS: collections.Counter = collections.Counter()
-# the fields passed traced (`slotted.Knobs`, `spec.Knobs`), reset in the static key
-DYNAMIC_FIELDS = slotted.KNOBS + spec.KNOBS + mdm.KNOBS
-DECODERS: dict[str, Decoder] = {"ar": ar.DECODER, "ar_uncached": ar.UNCACHED, "mdm": mdm.DECODER,
-                                "slotted": slotted.DECODER, "spec": spec.DECODER, "spec_fused": fused.DECODER,
-                                "spec_model": spec_model.DECODER}
 
 
-def _make_jitted(name: str):
-    decoder = DECODERS[name]
+@functools.cache
+def _jitted(decoder: Decoder):
+    """The decoder's run under one `jax.jit` (one per decoder, compiled per static key)."""
 
-    def traced(params, lora_params, draft_params, tokens, lengths, key, dyn, *, config, gcfg, lora, draft_config,
+    def traced(params, lora_params, draft_params, tokens, lengths, key, knobs, *, config, gcfg, lora, draft_config,
                debug, mesh=None):
-        TRACE_COUNTS[name] += 1  # runs only while tracing
+        TRACE_COUNTS[gcfg.mode.name] += 1  # runs only while tracing
         extra = {"lora_params": lora_params, "lora": lora} if decoder.uses_adapter else {}
         if decoder.uses_draft_model:
             extra = {"draft_params": draft_params, "draft_config": draft_config}
         # The mesh as the context mesh: activations pinned to its batch axes, and the attention kernel
         # chosen for its platform and run per shard (a Pallas kernel cannot be partitioned by XLA).
         with jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if mesh is not None else contextlib.nullcontext():
-            return decoder.run(params, tokens, lengths, key, config=config, gcfg=gcfg, debug=debug, dyn=dyn, **extra)
+            return decoder.run(params, tokens, lengths, key, config=config, gcfg=gcfg, debug=debug, knobs=knobs,
+                               **extra)
 
     return jax.jit(traced, static_argnames=("config", "gcfg", "lora", "draft_config", "debug", "mesh"))
 
 
-_JITTED = {name: _make_jitted(name) for name in DECODERS}
-
-
-def decoder_name(gc: GenerationConfig, use_cache: bool = True) -> str:
-    """The `DECODERS` entry that runs `gc`."""
-    mode = gc.resolved_mode
-    if not use_cache:
-        return "ar_uncached"
-    if mode == "spec" and gc.fused:
-        return "spec_fused"
-    if mode == "spec" and gc.drafter == "model":
-        return "spec_model"
-    return mode
+def decoder_of(gc: GenerationConfig, use_cache: bool = True) -> Decoder:
+    """The decoder that runs `gc`: its mode's, or the uncached AR baseline (`use_cache=False`, mode ar only)."""
+    if use_cache:
+        return gc.mode.decoder
+    if not isinstance(gc.mode, ar.AR):
+        raise ValueError(f"use_cache=False is only available for mode 'ar', not {gc.mode.name!r}")
+    return ar.UNCACHED
 
 
 def mesh_of(*trees) -> jax.sharding.Mesh | None:
@@ -75,36 +67,30 @@ def mesh_of(*trees) -> jax.sharding.Mesh | None:
 
 
 def static_key(gc: GenerationConfig) -> GenerationConfig:
-    """The part of a generation config that selects a compiled program: the runtime fields reset (and
-    what the mode's decoder folds, `Decoder.static`)."""
-    gc = gc.replace(**{f: type(getattr(gc, f))() for f in DYNAMIC_FIELDS})
-    fold = DECODERS[decoder_name(gc)].static
-    return fold(gc) if fold else gc
+    """The part of a generation config that selects a compiled program: the mode as `Mode.static()`
+    sees it (its traced fields reset)."""
+    return gc.replace(mode=gc.mode.static())
 
 
 def _program(params, config, prompts, gc: GenerationConfig, *, lora_params, lora, draft_params, draft_config,
              use_cache: bool):
-    """Validates a call at the edge → (decoder name, the jitted args that do not depend on the prompts' values,
+    """Validates a call at the edge → (decoder, the jitted args that do not depend on the prompts' values,
     its static kwargs, padded tokens, lengths)."""
     if not isinstance(gc, GenerationConfig):
         raise ValueError(f"generation_config: expected a GenerationConfig, got {type(gc).__name__}")
     prompts = as_prompt_list(prompts)
     gc.validate(config, prompts)
     hf_params.check_params(params, config)  # another config's params: one error naming the param
-    mode = gc.resolved_mode
-    if not use_cache and mode != "ar":
-        raise ValueError(f"use_cache=False is only available for mode 'ar', not {mode!r}")
-    name = decoder_name(gc, use_cache)
-    decoder = DECODERS[name]
+    decoder = decoder_of(gc, use_cache)
     drafting = decoder.uses_draft_model
     decoder.check(config, gc, *((draft_params, draft_config) if drafting else (lora_params, lora)))
-    adapter = decoder.uses_adapter and mode == "spec" and gc.drafter == "lora"
+    adapter = decoder.uses_adapter and getattr(gc.mode, "drafter", None) == "lora"
     _, pad = decoding.special_ids(config, gc)
     tokens, lengths = pad_prompts(prompts, gc.prompt_bucket, pad)
     weights = (params, lora_params if adapter else None, draft_params if drafting else None)
-    static = {"config": config, "gcfg": static_key(gc),  # the runtime fields are traced: no recompile per value
+    static = {"config": config, "gcfg": static_key(gc),  # the traced fields are arguments: no recompile per value
               "lora": lora if adapter else None, "draft_config": draft_config if drafting else None}
-    return name, weights, static, tokens, lengths
+    return decoder, weights, static, tokens, lengths
 
 
 def generate(params, config, prompts, generation_config: GenerationConfig, key, *, lora_params=None, lora=None,
@@ -113,30 +99,28 @@ def generate(params, config, prompts, generation_config: GenerationConfig, key, 
     """Generates continuations of `prompts` (list of B token-id lists or 1-D integer arrays, or one integer
     array [B, L]) → `GenerationOutput`.
 
-    Routes by `generation_config.resolved_mode`: "ar" (docs/algorithms.md §4), "mdm" (mode A, §5), "slotted"
-    (mode B, §6), "spec" (§7; `lora_params`/`lora`, the drafter adapter with its noise convention, are
-    used by this mode with `drafter="lora"` only, `draft_params`/`draft_config`, a separate draft model
-    with the base's vocabulary and special ids, with `drafter="model"` only: the other modes run the
-    base weights). `use_cache=False` runs the AR
-    baseline without a KV cache (mode "ar" only); `debug=True` adds per-pass logits to `stats["trace"]`
+    Runs the decoder of `generation_config.mode`: "ar" (docs/algorithms.md §4), "mdm" (mode A, §5),
+    "slotted" (mode B, §6), "spec-*" (§7; `lora_params`/`lora`, the drafter adapter with its noise
+    convention, are used by "spec-lora" and "spec-lora-fused" only, `draft_params`/`draft_config`, a
+    separate draft model with the base's vocabulary and special ids, by "spec-model" only: the other
+    modes run the base weights). `use_cache=False` runs the AR baseline without a KV cache (mode "ar"
+    only); `debug=True` adds per-pass logits to `stats["trace"]`
     (modes ar/mdm/slotted). `mesh`: the device mesh the program runs on (default: the mesh the params are
     placed on, if any): the decoder is traced with it as the context mesh, so activations follow its
     batch axes and attention runs the kernel of its platform per shard (splash on a TPU). Raises
     ValueError on bad input (prompts, config, params of another config) before anything is compiled.
     """
     gc = generation_config
-    name, weights, static, tokens, lengths = _program(
+    decoder, weights, static, tokens, lengths = _program(
         params, config, prompts, gc, lora_params=lora_params, lora=lora, draft_params=draft_params,
         draft_config=draft_config, use_cache=use_cache)
-    decoder = DECODERS[name]
-    dyn = (decoder.knobs or slotted.Knobs.of)(gc)
-    raw = _JITTED[name](*weights, jnp.asarray(tokens), jnp.asarray(lengths), key, dyn, **static, debug=debug,
-                        mesh=mesh if mesh is not None else mesh_of(params))
+    raw = _jitted(decoder)(*weights, jnp.asarray(tokens), jnp.asarray(lengths), key, gc.mode.arrays(), **static,
+                           debug=debug, mesh=mesh if mesh is not None else mesh_of(params))
     raw = jax.device_get(raw)
     out_lengths = np.asarray(raw["lengths"], np.int32)
     nfe = np.asarray(raw["num_forward_passes"], np.int32)
     tpf = (out_lengths / np.maximum(nfe, 1)).astype(np.float32)
-    stats = {"mode": gc.resolved_mode, "loop_passes": int(raw["loop_passes"]),
+    stats = {"mode": gc.mode.name, "loop_passes": int(raw["loop_passes"]),
              "mean_tokens_per_forward": float(tpf.mean()), "prompt_width": int(tokens.shape[1])}
     stats.update(decoder.stats(raw, gc, tokens, lengths, out_lengths))
     if debug and "trace" in raw:
@@ -162,13 +146,14 @@ def lower(params, config, generation_config: GenerationConfig, batch: int, promp
     from ..nn.partitioning import spec_for
 
     gc = generation_config
-    name, weights, static, tokens, lengths = _program(
+    decoder, weights, static, tokens, lengths = _program(
         params, config, [[0] * prompt_length] * batch, gc, lora_params=lora_params, lora=lora,
         draft_params=draft_params, draft_config=draft_config, use_cache=True)
     rows = NamedSharding(mesh, spec_for((batch,), ("batch",), mesh))
     placed = lambda x, sharding: jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype, sharding=sharding)
     replicated = lambda tree: jax.tree.map(lambda x: placed(x, NamedSharding(mesh, P())), tree)
     tokens = placed(tokens, NamedSharding(mesh, P(*rows.spec, None)))
-    dyn = replicated((DECODERS[name].knobs or slotted.Knobs.of)(gc))
+    knobs = replicated(gc.mode.arrays())
     key = replicated(jax.random.PRNGKey(0))
-    return _JITTED[name].lower(*weights, tokens, placed(lengths, rows), key, dyn, **static, debug=False, mesh=mesh)
+    return _jitted(decoder).lower(*weights, tokens, placed(lengths, rows), key, knobs, **static, debug=False,
+                                  mesh=mesh)

@@ -24,27 +24,30 @@ import jax.numpy as jnp
 
 from ..nn import kv_cache
 from ..nn import model as model_lib
-from . import fused, mdm, slotted, spec
+from . import ar, fused, mdm, slotted, spec, spec_model
 from .config import GenerationConfig
 
 Array = jax.Array
 
 
+SPECULATIVE = (spec.TwoPass, spec_model.SpecModel, fused.Fused)  # a cache with Ψ-Spec's slack rows
+
+
 def window_rows(gcfg: GenerationConfig) -> int:
-    mode = gcfg.resolved_mode
-    if mode == "ar":
+    mode = gcfg.mode
+    if isinstance(mode, ar.AR):
         return 1
-    if mode == "mdm":
+    if isinstance(mode, mdm.MDM):
         return 2 * mdm.window_rows(gcfg)
-    if mode == "slotted":
+    if isinstance(mode, slotted.Slotted):
         return slotted.block_layout(gcfg)[1]
-    if gcfg.fused:
+    if isinstance(mode, fused.Fused):
         return fused.window_rows(gcfg)
-    return gcfg.draft_length + (1 if gcfg.drafter == "self" else 0)
+    return mode.draft_length + (1 if mode.drafter == "self" else 0)
 
 
 def cache_rows(gcfg: GenerationConfig, prompt_len: int) -> int:
-    if gcfg.resolved_mode == "spec":
+    if isinstance(gcfg.mode, SPECULATIVE):
         return spec.cache_rows(gcfg, prompt_len)
     return prompt_len + gcfg.max_new_tokens
 

@@ -26,7 +26,7 @@ clean token precedes every remaining mask and no K/V is recomputed.
 EOS: an accepted EOS cuts its slot after it, drops every slot logically after it; the row stops after
 the current block. Not lossless (threshold verification). Forward passes are counted per row.
 
-Two corrections beyond the paper (`GenerationConfig.ar_infill`, `ar_first_token`; both off by default, which
+Two corrections beyond the paper (`Slotted.ar_infill`, `ar_first_token`; both off by default, which
 is ReFusion's rule) hand the tokens that ReFusion takes from the MDM path unchecked to the AR rows instead:
 - `ar_infill`: where a slot's verification fails at token m (in VERIFY or INFILL_VERIFY), token m becomes the
   AR verify row's own choice (argmax, or a draw under sampling, from row m−1 of that pass) instead of the
@@ -44,7 +44,7 @@ The code has the shape of the description above: the loop carries a `State`; eac
 (`window`), runs the model once, evaluates what every phase reads from the logits (`evaluate` → `Pass`),
 asks each phase function (`plan`, `verify`, `infill_draft`, `infill_verify`) for its `Update`, takes per
 row the update of that row's phase (`select`) and applies it (`apply_update`: commit, then block end). The
-traced knobs are one `Knobs` value, complete by construction.
+phases read the traced knobs from the mode itself (`Slotted`, its traced fields as arrays).
 """
 from __future__ import annotations
 
@@ -61,18 +61,79 @@ from ..nn import model as model_lib
 from . import decoding, primitives
 from .config import GenerationConfig
 from .decoder import Decoder
+from .mode import Mode, expect_bool, expect_at_least_zero, expect_fraction, expect_int
 
 Array = jax.Array
 PLAN, VERIFY, INFILL_DRAFT, INFILL_VERIFY, DONE = 0, 1, 2, 3, 4
 PENDING, CHOSEN, COMMITTED, DEAD = 0, 1, 2, 3
 
 
+@dataclasses.dataclass(frozen=True)
+class Slotted(Mode):
+    """Mode B's knobs (module doc).
+
+    slot_size S, serial_num_blocks NB: the layout (docs/algorithms.md §6.0).
+    max_block_size C: the largest block (window rows of one pass): more blocks than NB when ⌊G/NB⌋
+      exceeds it, so a pass's memory is bounded whatever G. The block is part of the algorithm (a plan
+      chooses among its slots), so where it binds the output differs from the unbounded layout's; where
+      ⌊G/NB⌋ ≤ C nothing changes.
+    slot_threshold τs in [0, 1]; any value > 1 is accepted and means "one slot per plan" (no first-token
+      probability exceeds it, so the single most confident slot is always chosen, as in ReFusion's
+      code). token_threshold τt in [0, 1].
+    ar_infill, ar_first_token: the AR corrections (beyond the paper; off = ReFusion's rule, module doc).
+    Traced: τs, τt and the corrections (one program for every value).
+    """
+
+    name = "slotted"
+    label = "mode B (slotted)"
+    TRACED = ("slot_threshold", "token_threshold", "ar_infill", "ar_first_token")
+    needs_mask_token = True
+
+    slot_size: int = 8
+    serial_num_blocks: int = 2
+    max_block_size: int = 256
+    slot_threshold: float = 0.9
+    token_threshold: float = 0.9
+    ar_infill: bool = False
+    ar_first_token: bool = False
+
+    def check(self, gc) -> None:
+        expect_int(self, "slot_size", 1)
+        expect_int(self, "serial_num_blocks", 1)
+        expect_int(self, "max_block_size", 1)
+        expect_at_least_zero(self, "slot_threshold", "a value in [0, 1] (or > 1 for one slot per plan)")
+        expect_fraction(self, "token_threshold")
+        expect_bool(self, "ar_infill")
+        expect_bool(self, "ar_first_token")
+        if self.slot_size > gc.max_new_tokens:
+            raise ValueError(f"{self.knob_name('slot_size')}={self.slot_size} does not fit max_new_tokens="
+                             f"{gc.max_new_tokens}: mode B needs at least one whole slot (slot_size ≤ max_new_tokens)")
+        if self.slot_size > self.max_block_size:
+            raise ValueError(f"{self.knob_name('slot_size')}={self.slot_size} does not fit max_block_size="
+                             f"{self.max_block_size}: a block holds whole slots (raise max_block_size or lower slot_size)")
+
+    def short(self) -> str:
+        """e.g. "S=8 NB=4 τs=0.9 τt=0.5 AR infill + first token"."""
+        corr = {(False, False): "ReFusion rule", (True, False): "AR infill",
+                (True, True): "AR infill + first token"}.get((self.ar_infill, self.ar_first_token), "custom")
+        return (f"S={self.slot_size} NB={self.serial_num_blocks} τs={self.slot_threshold:g} "
+                f"τt={self.token_threshold:g} {corr}")
+
+    def canonical(self, max_new_tokens: int) -> "Slotted | None":
+        """None where no whole slot fits the budget; serial_num_blocks 0 stands for one slot per block
+        (NB = G // S)."""
+        if self.slot_size > max_new_tokens:
+            return None
+        return dataclasses.replace(self, serial_num_blocks=self.serial_num_blocks or max_new_tokens // self.slot_size)
+
+
 def block_layout(gcfg: GenerationConfig) -> tuple[int, int]:
     """(number of blocks, block size), docs/algorithms.md §6.0 with the rounding and bounding decisions above."""
-    g, s, nb = gcfg.max_new_tokens, gcfg.slot_size, gcfg.serial_num_blocks
+    mode = gcfg.mode
+    g, s, nb = gcfg.max_new_tokens, mode.slot_size, mode.serial_num_blocks
     if g // nb < s:
         nb = max(1, g // s)
-    cap = max(s, gcfg.max_block_size // s * s)
+    cap = max(s, mode.max_block_size // s * s)
     if (g // nb) // s * s > cap:  # the fewest blocks of at most C rows, from ⌊G/C⌋ full ones
         nb = g // cap
         nb += (g // nb) // s * s > cap
@@ -82,28 +143,8 @@ def block_layout(gcfg: GenerationConfig) -> tuple[int, int]:
 def max_iterations(gcfg: GenerationConfig) -> int:
     """Bound on loop passes: every plan round commits ≥ 1 slot in ≤ 2 + 2S passes."""
     nb, bs = block_layout(gcfg)
-    return nb * (bs // gcfg.slot_size) * (2 + 2 * gcfg.slot_size)
-
-
-@struct.dataclass
-class Knobs:
-    """Mode B's knobs passed as traced scalars, so that sweeping them reuses one compiled program:
-    τs, τt (float32) and the two AR corrections (bool). Every field is required, so a partial set cannot
-    be built; `Knobs.of(gcfg)` takes them from a generation config."""
-
-    slot_threshold: Array
-    token_threshold: Array
-    ar_infill: Array
-    ar_first_token: Array
-
-    @classmethod
-    def of(cls, gcfg: GenerationConfig) -> "Knobs":
-        return cls(slot_threshold=jnp.asarray(gcfg.slot_threshold, jnp.float32),
-                   token_threshold=jnp.asarray(gcfg.token_threshold, jnp.float32),
-                   ar_infill=jnp.asarray(gcfg.ar_infill, bool), ar_first_token=jnp.asarray(gcfg.ar_first_token, bool))
-
-
-KNOBS = tuple(f.name for f in dataclasses.fields(Knobs))  # the GenerationConfig fields that are traced
+    s = gcfg.mode.slot_size
+    return nb * (bs // s) * (2 + 2 * s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +166,7 @@ class Layout:
     def of(cls, config, gcfg: GenerationConfig) -> "Layout":
         nb, bs = block_layout(gcfg)
         eos, pad = decoding.special_ids(config, gcfg)
-        return cls(g=gcfg.max_new_tokens, S=gcfg.slot_size, nb=nb, bs=bs, ns=bs // gcfg.slot_size,
+        return cls(g=gcfg.max_new_tokens, S=gcfg.mode.slot_size, nb=nb, bs=bs, ns=bs // gcfg.mode.slot_size,
                    mask_id=config.mask_token_id, pad=pad, eos=eos, stop=eos is not None and gcfg.stop_at_eos)
 
     @property
@@ -252,7 +293,7 @@ def window(st: State, lay: Layout, lengths: Array) -> tuple[Array, Array, Array,
     return tokens, positions, valid, jnp.where(local[:, None, None], slot_local, causal)
 
 
-def evaluate(st: State, logits: Array, key: Array, knobs: Knobs, lay: Layout, draw: Callable,
+def evaluate(st: State, logits: Array, key: Array, knobs: Slotted, lay: Layout, draw: Callable,
              greedy: Callable) -> Pass:
     """The draws and AR checks of this pass (`Pass`); pass `it` draws from fold_in(key, it)."""
     k_it = jax.random.fold_in(key, st.it)
@@ -296,7 +337,7 @@ def _settle(st: State, ps: Pass, lay: Layout, tags: Array, tokens: Array, correc
                   next_phase=jnp.where(complete, PLAN, otherwise), eos_pos=jnp.where(complete, eos_pos, lay.bs))
 
 
-def plan(st: State, ps: Pass, knobs: Knobs, lay: Layout) -> Update:
+def plan(st: State, ps: Pass, knobs: Slotted, lay: Layout) -> Update:
     """PLAN: draft every mask; choose the pending slots whose first-token confidence (its untempered
     probability) exceeds τs, at least the most confident one. With `ar_first_token` a chosen slot right
     after committed text starts with the AR choice made when that text was committed."""
@@ -314,7 +355,7 @@ def plan(st: State, ps: Pass, knobs: Knobs, lay: Layout) -> Update:
     return _stay(st, lay, VERIFY, slots=jnp.where(pick, CHOSEN, st.slots), draft=draft)
 
 
-def verify(st: State, ps: Pass, knobs: Knobs, lay: Layout) -> Update:
+def verify(st: State, ps: Pass, knobs: Slotted, lay: Layout) -> Update:
     """VERIFY: a token passes if its AR probability exceeds τt (a slot's first token always passes); the
     leading chosen slots that pass entirely commit (an accepted EOS cuts there) and the row plans again,
     else the chosen slots go to infill with their passing prefixes."""
@@ -342,7 +383,7 @@ def verify(st: State, ps: Pass, knobs: Knobs, lay: Layout) -> Update:
                   next_phase=jnp.where(commits, PLAN, INFILL_DRAFT), eos_pos=eos_pos)
 
 
-def infill_draft(st: State, ps: Pass, knobs: Knobs, lay: Layout) -> Update:
+def infill_draft(st: State, ps: Pass, knobs: Slotted, lay: Layout) -> Update:
     """INFILL_DRAFT: a greedy MDM redraft of the chosen slots' not-yet-accepted tokens. With every chosen
     token already settled (only after an `ar_infill` correction) the pass ran exactly the final tokens,
     so it commits them instead."""
@@ -356,7 +397,7 @@ def infill_draft(st: State, ps: Pass, knobs: Knobs, lay: Layout) -> Update:
                   eos_pos=jnp.where(complete, done.eos_pos, lay.bs))
 
 
-def infill_verify(st: State, ps: Pass, knobs: Knobs, lay: Layout) -> Update:
+def infill_verify(st: State, ps: Pass, knobs: Slotted, lay: Layout) -> Update:
     """INFILL_VERIFY: extend each chosen slot's accepted prefix by the tokens that pass τt; the token right
     after it always passes (ReFusion) or, with `ar_infill`, becomes the AR row's choice. Complete rows
     commit all chosen slots, the others redraft."""
@@ -437,14 +478,12 @@ def _record(trace: dict, it: Array, logits, tokens, positions, valid, phase, cac
 
 
 def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: GenerationConfig,
-        dyn: Knobs, debug: bool = False) -> dict:
-    """Mode B decode. tokens int32 [B, P] right-padded, lengths [B]; `dyn` the traced knobs (`Knobs`,
-    every one given: gcfg's own values of them are not read). Returns tokens [B, G] (logical), lengths,
+        knobs: Slotted | None = None, debug: bool = False) -> dict:
+    """Mode B decode. tokens int32 [B, P] right-padded, lengths [B]; `knobs` the mode with its traced
+    fields (default `gcfg.mode`, whose traced fields the static key resets). Returns tokens [B, G] (logical), lengths,
     num_forward_passes [B] (prefill included), loop_passes, physical_tokens/positions [B, P + G] (the
     cache's rows in physical order, −1 after), plans [B]; with debug a per-pass trace."""
-    if not isinstance(dyn, Knobs):
-        raise ValueError(f"dyn={type(dyn).__name__}: mode B expects its traced knobs as a slotted.Knobs with "
-                         f"every field ({', '.join(KNOBS)}); build it with Knobs.of(generation_config)")
+    knobs = (gcfg.mode if knobs is None else knobs).arrays()
     lay = Layout.of(config, gcfg)
     n_iter = max_iterations(gcfg)
     draw = decoding.sampler(config, gcfg)
@@ -461,8 +500,8 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
     def body(st: State) -> State:
         win, positions, valid, wmask = window(st, lay, lengths)
         logits, kv = model_lib.apply(params, config, win, positions, window_mask=wmask, cache=st.cache)
-        ps = evaluate(st, logits, key, dyn, lay, draw, greedy)
-        u = select(st.phase, [phase(st, ps, dyn, lay) for phase in PHASES], _stay(st, lay, DONE))
+        ps = evaluate(st, logits, key, knobs, lay, draw, greedy)
+        u = select(st.phase, [phase(st, ps, knobs, lay) for phase in PHASES], _stay(st, lay, DONE))
         new = apply_update(st, u, ps, kv, positions, lay)
         if debug:
             new = new.replace(trace=_record(st.trace, st.it, logits, win, positions, valid, st.phase,
@@ -505,3 +544,4 @@ def stats(raw: dict, gcfg: GenerationConfig, tokens: np.ndarray, lengths: np.nda
 
 
 DECODER = Decoder(run, stats)
+Slotted.decoder = DECODER

@@ -3,11 +3,11 @@
 One cycle, per batch row, with the cache holding the committed text except its last token (the seed
 at logical position n−1):
 1. Draft pass against the cache.
-   - `drafter="lora"`: `[seed, z1 … z_{F−1}]` at positions n−1 … n+F−2, gate off on the seed row and on
+   - `SpecLora` (mode "spec-lora"): `[seed, z1 … z_{F−1}]` at positions n−1 … n+F−2, gate off on the seed row and on
      for the noise rows, by the adapter's own convention (`LoraConfig.noise`: uniform random ids, or
      mask tokens if the adapter was trained so). Row 0 is
      the exact AR distribution p0; row j ≥ 1 is the draft q_j for position n+j (next-token convention).
-   - `drafter="self"` (Zarya models, no LoRA): `[seed, mask × F]` at positions n−1 … n+F−1, one set of
+   - `SpecSelf` (mode "spec-self", Zarya models, no LoRA): `[seed, mask × F]` at positions n−1 … n+F−1, one set of
      weights. Row 0 gives p0 (AR convention, it sees only committed text); the mask row at n+j gives
      q_j for its own position (MDM convention), j = 1 … F−1. The mask at n is context only (c0 is
      drawn from p0).
@@ -29,7 +29,7 @@ Fixed shapes: every row runs every cycle; a row's acceptance m, its cache length
 offset are per-row arrays; finished rows (EOS or budget) stop committing. The whole decode is one
 `lax.while_loop` inside one jit.
 
-Multi-pass LoRA drafts (`draft_passes` = K > 1, docs/algorithms.md §7.7): after pass 1, passes 2 … K re-draft
+Multi-pass LoRA drafts (`SpecLora.draft_passes` = K > 1, docs/algorithms.md §7.7): after pass 1, passes 2 … K re-draft
 the window `[seed, c0 … c_{F−2}]` (each row holds the previous pass's draft for its position) and redraw
 c_1 … c_{F−1} from their q; the last pass's q is verified. K + 1 passes per cycle.
 
@@ -45,11 +45,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Callable, ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 
 from ..config import ConfigError, LoraConfig, ModelConfig, missing_mask_token
 from ..nn import kv_cache
@@ -58,8 +58,65 @@ from ..nn.lora import check_lora, noise_tokens, redraft_tokens
 from . import decoding, primitives
 from .config import GenerationConfig
 from .decoder import Decoder
+from .mode import Mode, expect_fraction, expect_int
 
 Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class TwoPass(Mode):
+    """The knobs of two-pass Ψ-Spec with either drafter (`SpecSelf`, `SpecLora`).
+
+    draft_length: F, the drafts c0 … c_{F−1} of a cycle.
+    draft_when_active_below: a cycle drafts only while the still-active rows are at most this fraction
+      of the batch, else it is one AR pass (one token, one forward): speculation where decoding is
+      memory-bound, in the same compiled loop. 1.0 drafts every cycle, 0.0 never drafts (plain AR
+      through the spec loop). Traced: no recompile per value.
+    """
+
+    TRACED = ("draft_when_active_below",)
+    lossless = True
+    drafter: ClassVar[str]
+
+    draft_length: int = 8
+    draft_when_active_below: float = 1.0
+
+    def check(self, gc) -> None:
+        expect_int(self, "draft_length", 1)
+        expect_fraction(self, "draft_when_active_below", "a fraction of the batch's rows in [0, 1]")
+
+    def lookahead(self) -> int:
+        return self.draft_length  # the cache's slack rows: the last cycle's drafts past the budget
+
+    def short(self) -> str:
+        return f"F={self.draft_length}"
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecSelf(TwoPass):
+    """Zarya self-speculation: the base drafts from mask rows (one set of weights)."""
+
+    name = "spec-self"
+    label = "spec, self drafter"
+    drafter = "self"
+    needs_mask_token = True
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecLora(TwoPass):
+    """Uno's gated-LoRA drafter (`generate`'s `lora_params`, `lora`). draft_passes: draft passes per cycle
+    (docs/algorithms.md §7.7); pass k re-drafts the block from pass k−1's drafts, the last pass's q is
+    verified (lossless for any k)."""
+
+    name = "spec-lora"
+    label = "spec, LoRA drafter"
+    drafter = "lora"
+
+    draft_passes: int = 1
+
+    def check(self, gc) -> None:
+        super().check(gc)
+        expect_int(self, "draft_passes", 1)
 
 
 # --------------------------------------------------------------------------- accept / residual
@@ -178,7 +235,7 @@ def redraft(params, lora_params, cache: dict, seed: Array, n: Array, drafts: Arr
 def cache_rows(gcfg: GenerationConfig, prompt_len: int) -> int:
     """Rows of Ψ-Spec's cache: the prompt, G new tokens and F + 2 rows of slack (the last cycle commits its
     accepted drafts before the budget G cuts what it emits)."""
-    return prompt_len + gcfg.max_new_tokens + gcfg.draft_length + 2
+    return prompt_len + gcfg.max_new_tokens + gcfg.mode.draft_length + 2
 
 
 def prefill_but_last(params, config: ModelConfig, prompts: Array, lengths: Array, cache_len: int,
@@ -212,124 +269,158 @@ def running(max_cycles: Array, gcfg: GenerationConfig):
     return lambda s: jnp.any(~s["done"]) & (s["cycle"] < jnp.minimum(max_cycles, gcfg.max_new_tokens))
 
 
+@dataclasses.dataclass(frozen=True)
+class Cycle:
+    """What both kinds of cycle read: the weights and their configs, the key, the static sizes (F draft
+    positions, draft passes per cycle), the sampling rule (`target`) and EOS."""
+
+    params: dict
+    lora_params: dict | None
+    key: Array
+    config: ModelConfig
+    gcfg: GenerationConfig
+    lora: LoraConfig | None
+    dist: Callable
+    draw: Callable
+    eos: int | None
+    b: int
+
+    @property
+    def F(self) -> int:
+        return self.gcfg.mode.draft_length
+
+    @property
+    def passes(self) -> int:  # the LoRA drafter's `draft_passes`; one for the self drafter
+        return getattr(self.gcfg.mode, "draft_passes", 1)
+
+    @property
+    def idx_f(self) -> Array:
+        return jnp.arange(self.F, dtype=jnp.int32)[None, :]
+
+    @property
+    def idx_o(self) -> Array:
+        return jnp.arange(self.F + 1, dtype=jnp.int32)[None, :]
+
+
+# A cycle (spec or AR) reads the cache and returns the rest of the state plus what to commit: the K/V
+# of a window of F + 1 rows and which of them to keep. The one commit after it is a scatter into the
+# loop-carried buffer, updated in place; a cycle that wrote the cache itself would put the buffer
+# through `lax.cond`, which gives its result a buffer of its own (a second cache).
+
+def _drafts(cy: Cycle, s: dict, k_noise: Array, k_draw: Array) -> tuple[Array, Array, Array, Array | None]:
+    """Step 1 of a cycle: (drafts c0 … c_{F−1}, the first draft pass's logits, the verified pass's q
+    [b, F−1, V], the draft rows' penalty set)."""
+    c, n = s["cache"], s["n"]
+    logits_d, _ = draft_pass(cy.params, cy.lora_params, c, s["seed"], n, k_noise, config=cy.config,
+                             draft_length=cy.F, drafter=cy.gcfg.mode.drafter, lora=cy.lora)
+    # p0 needs the committed text's penalty set; for q any rule is lossless (c_j ~ q_j is all that
+    # matters), so the draft rows reuse that set instead of building one per row.
+    pres_d = None if s["presence"] is None else s["presence"][:, None, :]
+    drafts = cy.draw(k_draw, logits_d, pres_d)  # c0 ~ p0, c_j ~ q_j
+    if cy.passes > 1:  # the last pass's q_j is verified, and its c_j ~ q_j: lossless for any number of passes
+        drafts, logits_q = redraft(cy.params, cy.lora_params, c, s["seed"], n, drafts, logits_d, k_draw, cy.draw,
+                                   pres_d, config=cy.config, passes=cy.passes, lora=cy.lora)
+    else:
+        logits_q = logits_d
+    return drafts, logits_d, cy.dist(logits_q[:, 1:], pres_d), pres_d
+
+
+def spec_cycle(cy: Cycle, s: dict) -> tuple[dict, tuple]:
+    """One speculative cycle (module doc): draft, verify, accept, emit."""
+    kc = jax.random.fold_in(cy.key, s["cycle"])
+    k_noise, k_draw, k_acc = jax.random.split(kc, 3)
+    active = ~s["done"]
+    n, idx_o, F = s["n"], cy.idx_o, cy.F
+    drafts, logits_d, q, _ = _drafts(cy, s, k_noise, k_draw)
+
+    # Verify `[seed, c0 … c_{F−1}]` at n−1 … n+F−1 against the cache as it is: the seed row gives its
+    # AR K/V again (the draft pass's row 0 is the same AR row), so nothing is committed between passes.
+    hidden, kv_v = model_lib.apply(cy.params, cy.config, jnp.concatenate([s["seed"][:, None], drafts], axis=1),
+                                   (n - 1)[:, None] + idx_o, cache=s["cache"], return_hidden=True)
+    logits_v = model_lib.lm_head(cy.params, cy.config, hidden[:, 1:])
+    p = cy.dist(logits_v, presence_rows(s["presence"], drafts))  # p_1 … p_F
+    m, nxt = accept_drafts(p, q, drafts[:, 1:], k_acc, greedy=cy.gcfg.temperature == 0)
+    commit = (kv_v, (idx_o <= (m + 1)[:, None]) & active[:, None])  # the seed, c0 … c_m
+
+    # Emitted this cycle: c0 … c_m, then the correction/bonus (m+2 tokens); cut at EOS and budget.
+    ext = jnp.concatenate([drafts, jnp.zeros((cy.b, 1), jnp.int32)], axis=1)
+    new = jnp.where(idx_o <= m[:, None], ext, nxt[:, None])
+    # Every emitted token comes from a base-weight row: c0 from the seed row of the draft pass, the
+    # accepted drafts and the correction/bonus from the verify rows (row j − 1 for index j).
+    ar_logits = jnp.concatenate([logits_d[:, :1], logits_v], axis=1)
+    out, logprobs, g, finished, write = decoding.emit(s["out"], s["logprobs"], s["g"], active, new, m + 2,
+                                                      ar_logits, cy.eos, config=cy.config, gcfg=cy.gcfg)
+    act = active.astype(jnp.int32)
+    per_cycle = cy.passes + 1  # draft passes + the verify pass
+    reached = (cy.idx_f <= jnp.minimum(m + 1, F - 1)[:, None]) & active[:, None]  # c0 … c_{m+1} examined
+    accepted = (cy.idx_f <= m[:, None]) & active[:, None]
+    return dict(seed=jnp.where(active, nxt, s["seed"]), n=jnp.where(active, n + m + 2, n), out=out,
+                logprobs=logprobs, g=g, done=s["done"] | finished, cycle=s["cycle"] + 1,
+                row_cycles=s["row_cycles"] + act, row_draft_cycles=s["row_draft_cycles"] + act,
+                row_passes=s["row_passes"] + per_cycle * act, loop_passes=s["loop_passes"] + per_cycle,
+                accepted_sum=s["accepted_sum"] + jnp.sum((m + 1) * act),
+                accepted_at=s["accepted_at"] + accepted.sum(0).astype(jnp.int32),
+                reached_at=s["reached_at"] + reached.sum(0).astype(jnp.int32),
+                presence=decoding.add_presence(s["presence"], new, write)), commit
+
+
+def ar_cycle(cy: Cycle, s: dict) -> tuple[dict, tuple]:
+    """One AR pass over the seed: c0 ~ p0 is emitted and becomes the next seed (its K/V is committed next
+    cycle, as a spec cycle's correction/bonus would be): one token per forward, no drafting."""
+    active = ~s["done"]
+    logits, kv = model_lib.apply(cy.params, cy.config, s["seed"][:, None], (s["n"] - 1)[:, None], cache=s["cache"])
+    pres = None if s["presence"] is None else s["presence"][:, None, :]
+    k_draw = jax.random.split(jax.random.fold_in(cy.key, s["cycle"]), 3)[1]
+    c0 = cy.draw(k_draw, logits, pres)
+    out, logprobs, g, finished, write = decoding.emit(s["out"], s["logprobs"], s["g"], active, c0,
+                                                      jnp.ones((cy.b,), jnp.int32), logits, cy.eos, config=cy.config,
+                                                      gcfg=cy.gcfg)
+    act = active.astype(jnp.int32)
+    # the seed's K/V in the first of F + 1 rows, as a spec cycle's window has them
+    kv = tuple(jnp.pad(x, ((0, 0), (0, 0), (0, cy.F), (0, 0), (0, 0))) for x in kv)
+    rest = {k: v for k, v in s.items() if k != "cache"}
+    return {**rest, "seed": jnp.where(active, c0[:, 0], s["seed"]), "n": jnp.where(active, s["n"] + 1, s["n"]),
+            "out": out, "logprobs": logprobs, "g": g, "done": s["done"] | finished, "cycle": s["cycle"] + 1,
+            "row_cycles": s["row_cycles"] + act, "row_passes": s["row_passes"] + act,
+            "loop_passes": s["loop_passes"] + 1,
+            "presence": decoding.add_presence(s["presence"], c0, write)}, (kv, (cy.idx_o == 0) & active[:, None])
+
+
 @functools.partial(jax.jit, static_argnames=("config", "gcfg", "lora"))
 def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array, max_cycles: Array,
                 draft_below: Array | None = None, *, config: ModelConfig, gcfg: GenerationConfig,
                 lora: LoraConfig | None = None) -> dict:
     """Ψ-Spec decode (module doc). prompts int [b, P] right-padded, lengths int [b] ≥ 1; max_cycles
     int32 scalar (traced: stopping early reuses the program; cycle k's randomness is fold_in(key, k)).
-    draft_below: float32 scalar or None (traced, `GenerationConfig.draft_when_active_below`): a cycle
-    drafts only while the active rows are at most this fraction of the batch, else it is one AR pass
-    (`ar_cycle`); None drafts every cycle.
+    draft_below: float32 scalar or None (traced, `draft_when_active_below`): a cycle drafts only while
+    the active rows are at most this fraction of the batch, else it is one AR pass (`ar_cycle`); None
+    drafts every cycle.
 
-    `gcfg` gives max_new_tokens G, draft_length F, drafter, temperature/top-k/top-p/repetition
-    penalty (applied identically to p and q, so the target is exactly the AR sampler's distribution),
-    EOS. Returns {'tokens' [b, G] (pad after the end), 'lengths' [b] (first EOS included),
-    'logprobs' [b, G] (`decoding.logprobs_of` each token under the AR model, 0 after the end),
-    'num_forward_passes' [b], 'loop_passes', 'row_cycles' [b] (cycles of either kind), 'row_draft_cycles'
-    [b], 'accepted_sum', 'accepted_at' [F],
-    'reached_at' [F], 'cache', 'seed' [b], 'positions' [b]}; `summarize` derives the statistics.
+    `gcfg` gives max_new_tokens G, the mode (`SpecSelf` or `SpecLora`: the drafter, draft_length F,
+    draft_passes), temperature/top-k/top-p/repetition penalty (applied identically to p and q, so the
+    target is exactly the AR sampler's distribution), EOS. Returns {'tokens' [b, G] (pad after the end),
+    'lengths' [b] (first EOS included), 'logprobs' [b, G] (`decoding.logprobs_of` each token under the
+    AR model, 0 after the end), 'num_forward_passes' [b], 'loop_passes', 'row_cycles' [b] (cycles of
+    either kind), 'row_draft_cycles' [b], 'accepted_sum', 'accepted_at' [F], 'reached_at' [F], 'cache',
+    'seed' [b], 'positions' [b]}; `summarize` derives the statistics.
     """
-    F = gcfg.draft_length
-    drafter = gcfg.drafter
-    passes = gcfg.draft_passes if drafter == "lora" else 1
-    per_cycle = passes + 1  # draft passes + the verify pass
     b, P = prompts.shape
-    greedy = gcfg.temperature == 0
-    eos, _ = decoding.special_ids(config, gcfg)
     prompts = prompts.astype(jnp.int32)
     lengths = lengths.astype(jnp.int32)
-
     dist, draw = target(config, gcfg)
-
+    cy = Cycle(params=params, lora_params=lora_params, key=key, config=config, gcfg=gcfg, lora=lora, dist=dist,
+               draw=draw, eos=decoding.special_ids(config, gcfg)[0], b=b)
     cache, seed = prefill_but_last(params, config, prompts, lengths, cache_rows(gcfg, P), gcfg.kv_cache_dtype)
-
-    idx_f = jnp.arange(F, dtype=jnp.int32)[None, :]
-    idx_o = jnp.arange(F + 1, dtype=jnp.int32)[None, :]
-
-    state = dict(cache=cache, seed=seed, n=lengths, **loop_state(prompts, lengths, config, gcfg, F),
+    state = dict(cache=cache, seed=seed, n=lengths, **loop_state(prompts, lengths, config, gcfg, cy.F),
                  row_draft_cycles=jnp.zeros((b,), jnp.int32), row_passes=jnp.ones((b,), jnp.int32),
                  loop_passes=jnp.int32(1))
 
-    # A cycle (spec or AR) reads the cache and returns the rest of the state plus what to commit: the
-    # K/V of a window of F + 1 rows and which of them to keep. The one commit after it is a scatter
-    # into the loop-carried buffer, updated in place; a cycle that wrote the cache itself would put
-    # the buffer through `lax.cond`, which gives its result a buffer of its own (a second cache).
-    def spec_cycle(s):
-        kc = jax.random.fold_in(key, s["cycle"])
-        k_noise, k_draw, k_acc = jax.random.split(kc, 3)
-        active = ~s["done"]
-        c, n = s["cache"], s["n"]
-        logits_d, _ = draft_pass(params, lora_params, c, s["seed"], n, k_noise, config=config, draft_length=F,
-                                 drafter=drafter, lora=lora)
-        # p0 needs the committed text's penalty set; for q any rule is lossless (c_j ~ q_j is all that
-        # matters), so the draft rows reuse that set instead of building one per row.
-        pres_d = None if s["presence"] is None else s["presence"][:, None, :]
-        drafts = draw(k_draw, logits_d, pres_d)  # c0 ~ p0, c_j ~ q_j
-        if passes > 1:  # the last pass's q_j is verified, and its c_j ~ q_j: lossless for any number of passes
-            drafts, logits_q = redraft(params, lora_params, c, s["seed"], n, drafts, logits_d, k_draw, draw, pres_d,
-                                       config=config, passes=passes, lora=lora)
-        else:
-            logits_q = logits_d
-        q = dist(logits_q[:, 1:], pres_d)
-
-        # Verify `[seed, c0 … c_{F−1}]` at n−1 … n+F−1 against the cache as it is: the seed row gives its
-        # AR K/V again (the draft pass's row 0 is the same AR row), so nothing is committed between passes.
-        hidden, kv_v = model_lib.apply(params, config, jnp.concatenate([s["seed"][:, None], drafts], axis=1),
-                                       (n - 1)[:, None] + idx_o, cache=c, return_hidden=True)
-        logits_v = model_lib.lm_head(params, config, hidden[:, 1:])
-        p = dist(logits_v, presence_rows(s["presence"], drafts))  # p_1 … p_F
-        m, nxt = accept_drafts(p, q, drafts[:, 1:], k_acc, greedy=greedy)
-        commit = (kv_v, (idx_o <= (m + 1)[:, None]) & active[:, None])  # the seed, c0 … c_m
-
-        # Emitted this cycle: c0 … c_m, then the correction/bonus (m+2 tokens); cut at EOS and budget.
-        ext = jnp.concatenate([drafts, jnp.zeros((b, 1), jnp.int32)], axis=1)
-        new = jnp.where(idx_o <= m[:, None], ext, nxt[:, None])
-        # Every emitted token comes from a base-weight row: c0 from the seed row of the draft pass, the
-        # accepted drafts and the correction/bonus from the verify rows (row j − 1 for index j).
-        ar_logits = jnp.concatenate([logits_d[:, :1], logits_v], axis=1)
-        out, logprobs, g, finished, write = decoding.emit(s["out"], s["logprobs"], s["g"], active, new, m + 2,
-                                                          ar_logits, eos, config=config, gcfg=gcfg)
-        done = s["done"] | finished
-
-        act = active.astype(jnp.int32)
-        reached = (idx_f <= jnp.minimum(m + 1, F - 1)[:, None]) & active[:, None]  # c0 … c_{m+1} examined
-        accepted = (idx_f <= m[:, None]) & active[:, None]
-        return dict(seed=jnp.where(active, nxt, s["seed"]), n=jnp.where(active, n + m + 2, n), out=out,
-                    logprobs=logprobs, g=g, done=done, cycle=s["cycle"] + 1, row_cycles=s["row_cycles"] + act,
-                    row_draft_cycles=s["row_draft_cycles"] + act, row_passes=s["row_passes"] + per_cycle * act,
-                    loop_passes=s["loop_passes"] + per_cycle, accepted_sum=s["accepted_sum"] + jnp.sum((m + 1) * act),
-                    accepted_at=s["accepted_at"] + accepted.sum(0).astype(jnp.int32),
-                    reached_at=s["reached_at"] + reached.sum(0).astype(jnp.int32),
-                    presence=decoding.add_presence(s["presence"], new, write)), commit
-
-    def ar_cycle(s):
-        # One AR pass over the seed: c0 ~ p0 is emitted and becomes the next seed (its K/V is committed
-        # next cycle, as a spec cycle's correction/bonus would be): one token per forward, no drafting.
-        active = ~s["done"]
-        logits, kv = model_lib.apply(params, config, s["seed"][:, None], (s["n"] - 1)[:, None], cache=s["cache"])
-        pres = None if s["presence"] is None else s["presence"][:, None, :]
-        k_draw = jax.random.split(jax.random.fold_in(key, s["cycle"]), 3)[1]
-        c0 = draw(k_draw, logits, pres)
-        out, logprobs, g, finished, write = decoding.emit(s["out"], s["logprobs"], s["g"], active, c0,
-                                                          jnp.ones((b,), jnp.int32), logits, eos, config=config,
-                                                          gcfg=gcfg)
-        act = active.astype(jnp.int32)
-        # the seed's K/V in the first of F + 1 rows, as a spec cycle's window has them
-        kv = tuple(jnp.pad(x, ((0, 0), (0, 0), (0, F), (0, 0), (0, 0))) for x in kv)
-        rest = {k: v for k, v in s.items() if k != "cache"}
-        return {**rest, "seed": jnp.where(active, c0[:, 0], s["seed"]), "n": jnp.where(active, s["n"] + 1, s["n"]),
-                "out": out, "logprobs": logprobs, "g": g, "done": s["done"] | finished, "cycle": s["cycle"] + 1,
-                "row_cycles": s["row_cycles"] + act, "row_passes": s["row_passes"] + act,
-                "loop_passes": s["loop_passes"] + 1,
-                "presence": decoding.add_presence(s["presence"], c0, write)}, (kv, (idx_o == 0) & active[:, None])
-
     def body(s):
         if draft_below is None:
-            new, (kv, keep) = spec_cycle(s)
+            new, (kv, keep) = spec_cycle(cy, s)
         else:
             few = jnp.sum(~s["done"]) <= draft_below * b
-            new, (kv, keep) = jax.lax.cond(few, spec_cycle, ar_cycle, s)
+            new, (kv, keep) = jax.lax.cond(few, functools.partial(spec_cycle, cy), functools.partial(ar_cycle, cy), s)
         return {**new, "cache": kv_cache.commit(s["cache"], kv, keep)}
 
     s = jax.lax.while_loop(running(max_cycles, gcfg), body, state)
@@ -372,10 +463,10 @@ def pool_acceptance(counts: list[dict]) -> dict:
 def check(config: ModelConfig, gcfg: GenerationConfig, lora_params, lora: LoraConfig | None) -> None:
     """Validates the adapter at the edge (`GenerationConfig.validate` covers the knobs); raises
     ConfigError naming the problem."""
-    if gcfg.drafter != "lora":
+    if gcfg.mode.drafter != "lora":
         return
     if lora_params is None or lora is None:
-        raise ConfigError("drafter='lora' needs the adapter: pass lora_params and its LoraConfig")
+        raise ConfigError(f"mode {gcfg.mode.name!r} needs the adapter: pass lora_params and its LoraConfig")
     if lora.noise == "mask" and config.mask_token_id is None:
         raise ConfigError(missing_mask_token("the adapter, trained with noise='mask', needs",
                                              otherwise="use an adapter trained with lora.noise=uniform"))
@@ -383,31 +474,20 @@ def check(config: ModelConfig, gcfg: GenerationConfig, lora_params, lora: LoraCo
 
 
 def run(params, tokens: Array, lengths: Array, key: Array, *, config: ModelConfig, gcfg: GenerationConfig,
-        debug: bool = False, dyn: dict | None = None, lora_params=None, lora: LoraConfig | None = None) -> dict:
+        debug: bool = False, knobs: SpecSelf | SpecLora | None = None, lora_params=None,
+        lora: LoraConfig | None = None) -> dict:
     """The decoder's run: `spec_decode` with the whole budget (at most `max_new_tokens` cycles) and the
-    traced `draft_when_active_below` of `dyn` (`Knobs`), without the final cache."""
-    raw = spec_decode(params, lora_params, tokens, lengths, key, jnp.int32(gcfg.max_new_tokens),
-                      None if dyn is None else dyn.draft_when_active_below, config=config, gcfg=gcfg, lora=lora)
+    traced `draft_when_active_below` of `knobs` (None: every cycle drafts), without the final cache."""
+    below = None if knobs is None else knobs.arrays().draft_when_active_below
+    raw = spec_decode(params, lora_params, tokens, lengths, key, jnp.int32(gcfg.max_new_tokens), below,
+                      config=config, gcfg=gcfg, lora=lora)
     return {k: v for k, v in raw.items() if k != "cache"}
 
 
 def stats(raw: dict, gcfg: GenerationConfig, tokens: np.ndarray, lengths: np.ndarray, out_lengths: np.ndarray) -> dict:
-    return {"drafter": gcfg.drafter, "draft_length": gcfg.draft_length, "draft_passes": gcfg.draft_passes,
-            **summarize(raw)}
+    return {"drafter": gcfg.mode.drafter, "draft_length": gcfg.mode.draft_length,
+            "draft_passes": getattr(gcfg.mode, "draft_passes", 1), **summarize(raw)}
 
 
-@struct.dataclass
-class Knobs:
-    """Ψ-Spec's knobs passed as traced scalars (one program for every value): the fraction of the
-    batch's rows at or below which a cycle drafts (`GenerationConfig.draft_when_active_below`)."""
-
-    draft_when_active_below: Array
-
-    @classmethod
-    def of(cls, gcfg: GenerationConfig) -> "Knobs":
-        return cls(draft_when_active_below=jnp.asarray(gcfg.draft_when_active_below, jnp.float32))
-
-
-KNOBS = tuple(f.name for f in dataclasses.fields(Knobs))  # the GenerationConfig fields that are traced
-
-DECODER = Decoder(run, stats, check, uses_adapter=True, knobs=Knobs.of)
+DECODER = Decoder(run, stats, check, uses_adapter=True)
+SpecSelf.decoder = SpecLora.decoder = DECODER

@@ -1,4 +1,4 @@
-"""Classic speculative sampling with an independent draft model (docs/algorithms.md §7.6): `drafter="model"`.
+"""Classic speculative sampling with an independent draft model (docs/algorithms.md §7.6): mode "spec-model".
 
 The baseline Uno and Zarya's self-drafting are compared with: a separate small Qwen3 (its own params,
 its own `ModelConfig` with the base's vocabulary and special ids, its own static KV cache) drafts F
@@ -37,6 +37,7 @@ model passes per row, its prefill included: 1 + F per cycle), reported apart as 
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -49,9 +50,32 @@ from ..nn import model as model_lib
 from . import decoding, spec
 from .config import GenerationConfig
 from .decoder import Decoder
+from .mode import Mode, expect_int
 
 Array = jax.Array
 SHARED_IDS = ("vocab_size", "mask_token_id", "eos_token_id", "pad_token_id")
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecModel(Mode):
+    """Speculative sampling with a draft model (`generate`'s `draft_params`, `draft_config`).
+    draft_length: F, the draft model's tokens per cycle (it drafts every cycle)."""
+
+    name = "spec-model"
+    label = "spec, draft model"
+    lossless = True
+    drafter = "model"
+
+    draft_length: int = 8
+
+    def check(self, gc) -> None:
+        expect_int(self, "draft_length", 1)
+
+    def lookahead(self) -> int:
+        return self.draft_length
+
+    def short(self) -> str:
+        return f"F={self.draft_length}"
 
 
 def draft_step_mask(b: int, has_prev: Array) -> Array:
@@ -99,7 +123,7 @@ def spec_model_decode(params, draft_params, prompts: Array, lengths: Array, key:
     'draft_forwards' [b], 'loop_passes', 'row_cycles' [b], 'accepted_sum', 'accepted_at' [F],
     'reached_at' [F], 'cache', 'draft_cache', 'seed' [b], 'positions' [b]}.
     """
-    F = gcfg.draft_length
+    F = gcfg.mode.draft_length
     b, P = prompts.shape
     greedy = gcfg.temperature == 0
     eos, _ = decoding.special_ids(config, gcfg)
@@ -177,15 +201,15 @@ def check_draft_model(config: ModelConfig, gcfg: GenerationConfig, draft_params,
     """The decoder's check: the draft model given, compatible (`check_compatible`) and its params of its
     config. Raises a ValueError naming the problem."""
     if draft_params is None or draft_config is None:
-        raise ConfigError("drafter='model' needs the draft model: pass draft_params and its draft_config "
+        raise ConfigError(f"mode {gcfg.mode.name!r} needs the draft model: pass draft_params and its draft_config "
                           "(a ModelConfig) to generate()")
     check_compatible(config, draft_config)
     hf_params.check_params(draft_params, draft_config)
 
 
 def run(params, tokens: Array, lengths: Array, key: Array, *, config: ModelConfig, gcfg: GenerationConfig,
-        debug: bool = False, dyn: dict | None = None, draft_params=None, draft_config: ModelConfig | None = None
-        ) -> dict:
+        debug: bool = False, knobs: SpecModel | None = None, draft_params=None,
+        draft_config: ModelConfig | None = None) -> dict:
     """The decoder's run: `spec_model_decode` with the whole budget, without the final caches."""
     raw = spec_model_decode(params, draft_params, tokens, lengths, key, jnp.int32(gcfg.max_new_tokens),
                             config=config, draft_config=draft_config, gcfg=gcfg)
@@ -193,8 +217,9 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config: ModelConfi
 
 
 def stats(raw: dict, gcfg: GenerationConfig, tokens: np.ndarray, lengths: np.ndarray, out_lengths: np.ndarray) -> dict:
-    return {"drafter": gcfg.drafter, "draft_length": gcfg.draft_length, **spec.summarize(raw),
+    return {"drafter": gcfg.mode.drafter, "draft_length": gcfg.mode.draft_length, **spec.summarize(raw),
             "draft_forwards": float(np.mean(raw["draft_forwards"]))}
 
 
 DECODER = Decoder(run, stats, check_draft_model, uses_draft_model=True)
+SpecModel.decoder = DECODER

@@ -94,13 +94,19 @@ class RunConfig:
 
 SECTIONS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RunConfig))
 
-# Fields a resumed run may change without being a different run.
-RESUMABLE_CHANGES = {
+# The one definition of the knobs that do not change a run's results. PRESENTATION: how a run is shown or
+# checked (two runs that differ only there are the same experiment, `experiment.config.comparable`);
+# RESUMABLE_CHANGES: those and the loop's logging, evaluation, checkpoint and placement knobs, which a
+# resumed run may change without being a different run (`train.identity`, `rl.config.diff`).
+PRESENTATION = frozenset({
+    "train.progress_bar", "train.verify_checkpoints",
+    "train.allow_tokenizer_mismatch",  # a permission: the tokenizer itself is compared (data.tokenizer)
+})
+RESUMABLE_CHANGES = PRESENTATION | {
     "train.log_every", "train.eval_every", "train.eval_batches", "train.save_every", "train.keep",
     "train.keep_best", "train.async_checkpointing", "train.export_final", "train.init_from",
-    "train.distributed", "train.peak_flops", "train.progress_bar", "train.tracker", "train.tracker_project",
-    "train.tracker_group", "train.tracker_run", "train.verify_checkpoints", "train.divergence", "train.memory_check",
-    "train.allow_tokenizer_mismatch",  # a permission: the tokenizer itself is compared (data.tokenizer)
+    "train.distributed", "train.peak_flops", "train.tracker", "train.tracker_project",
+    "train.tracker_group", "train.tracker_run", "train.divergence", "train.memory_check",
     "data.read_threads", "data.prefetch",
     # The mesh: the run is defined by its global batch (data.batch_size, still compared), not by the devices
     # that compute it. Orbax restores the state onto the new mesh's shardings, the data iterator's position

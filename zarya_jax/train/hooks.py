@@ -1,7 +1,10 @@
 """Hooks: what the training loop does besides stepping (logging, progress, eval, checkpoints, export).
 
-A hook is an object with any of four methods (the `Hook` base class gives no-op defaults):
+A hook is an object with any of five methods (the `Hook` base class gives no-op defaults):
 
+- `on_start(event)`: once, before the first step the run takes (after its state was initialised or
+  restored), with the state in `event.state` and the step the run starts from in `event.step`; metrics a
+  hook adds to `event.metrics` are logged as a row of that step (an evaluation of the initial state);
 - `on_step(event)`: after every `every`-th optimizer step (and after the run's last step when `last`),
   with the live train state in `event.state`;
 - `on_metrics(event)`: after every step, with the step's metrics on the host;
@@ -14,9 +17,14 @@ on the device: the host draws the next batch while a step runs, fetches that ste
 and dispatches the next step, and only then runs the fetched step's `on_metrics` methods (while the next
 step runs). At a step where some hook's `on_step` is due, the loop instead fetches that step at once,
 checks it (a non-finite loss stops the run before any hook sees a broken state), and calls each hook in
-order, `on_step` (when due) then `on_metrics`. So, in the default order — eval, metrics log,
-progress bar, checkpoint, export, then the caller's hooks — an eval loss is in the log row of its step
-and in its checkpoint's metadata, and a caller's hook sees whether this step was saved.
+order, `on_step` (when due) then `on_metrics`. So, in the default order — the run's early hooks (its
+evaluations), metrics log, progress bar, checkpoint, export, then the caller's hooks — an eval loss is in
+the log row of its step and in its checkpoint's metadata, and a caller's hook sees whether this step was
+saved.
+
+State: `on_step` may replace entries of `event.state` that the train step does not own — a companion's
+train state (`step.TrainSteps.companions`, e.g. GRPO's refreshed drafter trained by an early hook); the
+loop continues from, and the checkpoint hook saves, the state as the hooks leave it.
 """
 from __future__ import annotations
 
@@ -64,6 +72,9 @@ class Hook:
     def due(self, step: int, total: int) -> bool:
         return bool(self.every and step % self.every == 0) or (self.last and step == total)
 
+    def on_start(self, event: StepEvent) -> None:
+        pass
+
     def on_step(self, event: StepEvent) -> None:
         pass
 
@@ -90,8 +101,8 @@ class OnStep(Hook):
 class MetricsLogger(Hook):
     """Every `log_every` steps (and at the last): a row of WORKDIR/metrics.jsonl (+ TensorBoard and the
     experiment tracker, `tracker`: a function opening it, see `MetricsLog`) with
-    the interval's mean loss, throughput and MFU estimate, the step's other metrics and its eval loss;
-    an eval loss at another step gets a row of its own. Summary: tokens/s and MFU over the steps this
+    the interval's mean loss, throughput and MFU estimate, the step's other metrics and its evaluations
+    (`eval_*`); an evaluation at another step gets a row of its own. Summary: tokens/s and MFU over the steps this
     call ran, compilation excluded.
 
     A resumed run logs the rows an uninterrupted run would: a checkpoint saved inside a logging interval
@@ -141,6 +152,11 @@ class MetricsLogger(Hook):
         """The open interval's loss sum and step count, for the checkpoint's meta record."""
         return {self.RESUME_KEY: {"loss_sum": self.acc["loss"], "steps": self.acc["n"]}}
 
+    def on_start(self, event: StepEvent) -> None:
+        """A row of what the hooks before this one measured on the initial state, if anything."""
+        if event.metrics:
+            self.log.write(event.step, dict(event.metrics))
+
     def resume_from(self, meta: dict) -> None:
         """Continues the interval a checkpoint's meta record (`resume_record`) was saved in."""
         saved = meta.get(self.RESUME_KEY) or {}
@@ -183,8 +199,8 @@ class MetricsLogger(Hook):
             self.log.write(step, row)
             self.row, self.row_step = row, step
             self._reset(now)
-        elif "eval_loss" in m:
-            self.log.write(step, {"eval_loss": m["eval_loss"]})
+        elif any(k.startswith("eval_") for k in m):  # an evaluation at another step: a row of its own
+            self.log.write(step, {k: v for k, v in m.items() if k.startswith("eval_")})
 
     def on_end(self, state: dict, summary: dict) -> None:
         t = self.totals

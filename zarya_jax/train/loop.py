@@ -1,4 +1,12 @@
-"""The training loop: `train(run_config, workdir) -> summary`.
+"""The training loop: `train(run_config, workdir) -> summary`, and the one loop every run shares,
+`run_loop(session) -> summary`.
+
+`train` is the supervised runs' front (Zarya, AR, the drafter, the draft model, DCD): it validates the
+run config and the data and sets up a `Session` whose batches come from the data pipeline. Another kind
+of run sets up its own `Session` (GRPO, `rl.trainer`): a `BatchSource` (`draw(state, step)`: a step's
+batch may depend on the live params, e.g. rollouts of the current policy; its `iterator` is the data
+position a checkpoint saves), an objective, hooks that run before the metrics row (its evaluations), and
+companion train states kept in the same checkpoint (`step.TrainSteps`). Everything below holds for both.
 
 Order of work: validate everything (the tokenizer of `train.init_from`'s checkpoint, `train.inherit`;
 config vs workdir, tokenizer vs model, data files and records,
@@ -31,7 +39,7 @@ import os
 import shutil
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -59,9 +67,9 @@ from .checkpoints import RunCheckpointer, abstract_like
 from .divergence import DivergenceDetector, DivergenceError
 from .hooks import Checkpointer, Evaluator, Export, Hook, MetricsLogger, ProgressBar, StepEvent
 from .metrics import device_peak, train_flops_per_token
+from .optim import OptimConfig
 from .preemption import StopSignal
-from .step import (NonFiniteError, StepCache, build_optimizer, host_fingerprint, init_state, make_eval_step,
-                   make_train_step, state_shardings)
+from .step import NonFiniteError, StepCache, TrainSteps, build_steps, host_fingerprint
 
 CONFIG_FILE = identity.CONFIG_FILE
 _STRUCTURAL = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
@@ -162,37 +170,106 @@ def _init_fn(init_params: Any, model_config: ModelConfig):
     return lambda key: model_lib.init_params(model_config, key)
 
 
-def _initial_state(setup: _Setup, ckpt: RunCheckpointer, train_iter, init_params, optimizer, abstract_state,
-                   state_sh, init_key, run_key) -> tuple[dict, dict]:
+# --------------------------------------------------------------------------- the seams of the shared loop
+@dataclasses.dataclass
+class Drawn:
+    """One step's batch: its arrays on the mesh, its real tokens (global), this host's data checksum, and host
+    metrics of its own for the step's row (e.g. GRPO's rollout statistics)."""
+
+    batch: dict
+    tokens: int
+    crc: int
+    metrics: dict = dataclasses.field(default_factory=dict)
+
+
+class BatchSource(Protocol):
+    """Where a run's batches come from. `iterator`: the data position a checkpoint saves and a resume
+    restores (`get_state()` / `set_state()`); `draw(state, step)`: the batch of step `step` (0-based), given
+    the live train state before it (GRPO's rollouts come from the current params)."""
+
+    iterator: Any
+
+    def draw(self, state: dict, step: int) -> Drawn: ...
+
+
+class DataBatches:
+    """The supervised runs' batches: the data pipeline's iterator, placed on the mesh."""
+
+    def __init__(self, iterator, mesh):
+        self.iterator, self.mesh = iterator, mesh
+
+    def draw(self, state: dict, step: int) -> Drawn:
+        local = next(self.iterator)
+        tokens = int((local["segment_ids"] > 0).sum()) * jax.process_count()
+        return Drawn(shd.global_batch(local, self.mesh), tokens, host_fingerprint(local))
+
+
+@dataclasses.dataclass
+class Session:
+    """One run of the shared loop (`run_loop`), as a kind of run sets it up: `train` for the Zarya, AR,
+    drafter, draft-model and DCD runs, `rl.trainer.train_rl` for GRPO.
+
+    batches: () -> the `BatchSource` (made once the workdir is taken); batch_keys: its arrays; rows × length:
+    the global batch (the memory estimate, FLOPs); init_params: key -> tree, a tree, or None (a fresh model,
+    or `init_checkpoint`'s params); frozen_params: see `train`; updates: optimizer updates per step on one
+    batch; companions: other train states kept in the state (`step.build_steps`); early_hooks(steps, frozen):
+    hooks that run before the metrics log (evaluations; hooks that update a companion), default none;
+    hooks: after the built-in ones; export: the final export hook; record(): writes what identifies the
+    run, once its state is there; config: the run's config for trackers; summary: the summary's first
+    entries."""
+
+    workdir: str
+    mesh: Any
+    model_config: ModelConfig
+    objective: Objective
+    optim: OptimConfig
+    train: rc.TrainConfig
+    batches: Callable[[], BatchSource]
+    batch_keys: Sequence[str]
+    rows: int
+    length: int
+    init_params: Any = None
+    init_checkpoint: str = ""
+    frozen_params: Any = None
+    updates: int = 1
+    companions: dict = dataclasses.field(default_factory=dict)
+    early_hooks: Callable[[TrainSteps, Any], Sequence[Hook | None]] = lambda steps, frozen: ()
+    hooks: Sequence[Hook] = ()
+    export: Hook | None = None
+    record: Callable[[], None] = lambda: None
+    config: dict = dataclasses.field(default_factory=dict)
+    summary: dict = dataclasses.field(default_factory=dict)
+    return_state: bool = False
+
+
+def _initial_state(s: Session, steps: TrainSteps, ckpt: RunCheckpointer, iterator, init_key) -> tuple[dict, dict]:
     """(state, the meta record of the checkpoint it came from, else {}): the latest checkpoint (state and
-    data position), else `train.init_from`'s params (when no `init_params` is given), else `init_params` (a
+    data position), else `init_checkpoint`'s params (when no `init_params` is given), else `init_params` (a
     tree, or key -> tree; default a fresh model init), written straight into the state shardings."""
     latest = ckpt.latest_step()
-    verify = setup.run.train.verify_checkpoints
-    carry = setup.objective.init_carry
+    verify = s.train.verify_checkpoints
+    carry, state_sh = s.objective.init_carry, steps.shardings
     if latest is not None:
         saved = ckpt.read_meta(latest).get("checksums") or {}
         if carry is not None and not any(k.startswith("['carry']") for k in saved):
             # a checkpoint of an objective without a carry, resumed (forced) with one, e.g. a drafter trained
             # with TV continued with DCD: the carry starts from the restored params
-            rest = {k: v for k, v in abstract_state.items() if k != "carry"}
-            state, meta = ckpt.restore(latest, abstract_like(rest, {k: state_sh[k] for k in rest}), train_iter,
+            rest = {k: v for k, v in steps.abstract_state.items() if k != "carry"}
+            state, meta = ckpt.restore(latest, abstract_like(rest, {k: state_sh[k] for k in rest}), iterator,
                                        verify=verify)
             state["carry"] = jax.jit(carry, out_shardings=state_sh["carry"])(state["params"])
             _log(f"resumed from {ckpt.directory}/{latest} (no carry saved: started from its params)")
             return state, meta
-        state, meta = ckpt.restore(latest, abstract_like(abstract_state, state_sh), train_iter, verify=verify)
+        state, meta = ckpt.restore(latest, abstract_like(steps.abstract_state, state_sh), iterator, verify=verify)
         _log(f"resumed from {ckpt.directory}/{latest}")
         return state, meta
-    from_params = jax.jit(lambda p: init_state(p, optimizer, run_key, carry), out_shardings=state_sh)
-    if init_params is None and setup.init_config is not None:
-        loaded, _ = ckpt_lib.load(setup.run.train.init_from, state_sh["params"], verify=verify)
-        _log(f"initialised from {setup.run.train.init_from}")
-        return from_params(loaded), {}
-    if init_params is not None and not callable(init_params):
-        return from_params(init_params), {}
-    init_fn = _init_fn(init_params, setup.model_config)
-    return jax.jit(lambda k: init_state(init_fn(k), optimizer, run_key, carry), out_shardings=state_sh)(init_key), {}
+    if s.init_params is None and s.init_checkpoint:
+        loaded, _ = ckpt_lib.load(s.init_checkpoint, state_sh["params"], verify=verify)
+        _log(f"initialised from {s.init_checkpoint}")
+        return steps.from_params(loaded), {}
+    if s.init_params is not None and not callable(s.init_params):
+        return steps.from_params(s.init_params), {}
+    return steps.init(init_key), {}
 
 
 def _frozen_on_mesh(frozen_params: Any, mesh) -> tuple[Any, Any]:
@@ -267,110 +344,144 @@ def train(run: rc.RunConfig, workdir: str, *, force: bool = False, objective: Ob
     shd.maybe_initialize_distributed(run.train.distributed)
     check_writable_dir(workdir, "--workdir")
     setup = _prepare(run, workdir, force, objective, identity_extra, tokenizer)
-    run, objective, mesh = setup.run, setup.objective, setup.mesh
+    run, objective = setup.run, setup.objective
     for warning in rc.degenerate(run) if jax.process_index() == 0 else ():
         print(f"warning: {warning}", file=sys.stderr, flush=True)
-    total = run.train.steps
-    init_key, run_key = jax.random.split(jax.random.PRNGKey(run.train.seed))
-    init_fn = _init_fn(init_params, setup.model_config)
-    optimizer, trainable_mask = build_optimizer(run.optim, total, jax.eval_shape(init_fn, init_key))
-    abstract_state = jax.eval_shape(lambda k: init_state(init_fn(k), optimizer, run_key, objective.init_carry),
-                                    init_key)
-    state_sh = state_shardings(abstract_state, optimizer, mesh)
-    frozen, frozen_sh = _frozen_on_mesh(frozen_params, mesh)
-    # ---- will the step fit? Checked with the frozen params already in memory, before anything is written.
-    device = mesh.devices.flat[0]
+    batches = lambda: DataBatches(iter(data_lib.make_dataset(  # noqa: E731
+        setup.splits.train, run.data, local_batch=setup.local_batch, pad_id=setup.tokenizer.pad_id,
+        process_index=jax.process_index(), process_count=jax.process_count())), setup.mesh)
+    export = (Export(objective.export, workdir, setup.tokenizer, PromptFormat.of(run.data))
+              if run.train.export_final and objective.export else None)
+    session = Session(
+        workdir, setup.mesh, setup.model_config, objective, run.optim, run.train, batches, BATCH_KEYS,
+        run.data.batch_size, run.data.max_length, init_params=init_params,
+        init_checkpoint=run.train.init_from if setup.init_config is not None else "", frozen_params=frozen_params,
+        early_hooks=lambda steps, frozen: [_evaluator(setup, steps.cache, frozen, run.train.steps)], hooks=hooks,
+        export=export, record=lambda: identity.record(run, workdir, identity_extra), config=run.to_dict(),
+        summary={"data_stats": setup.splits.stats}, return_state=return_state)
+    return run_loop(session, t0)
+
+
+@dataclasses.dataclass
+class _Started:
+    """What `_start` made: the state (restored or initialised), the checkpoint's meta record, the
+    checkpointer, the batch source, and how to leave the workdir as it was found."""
+
+    state: dict
+    meta: dict
+    ckpt: RunCheckpointer
+    source: BatchSource
+    undo: Callable[[], None]
+
+
+def _start(s: Session, steps: TrainSteps, init_key, out_of_memory) -> _Started:
+    """Restores or initialises the state straight onto the mesh. A failure here (a damaged or unfitting
+    checkpoint) leaves the workdir as it was: a workdir this call created is removed again."""
+    workdir = s.workdir
+    created = workdir_lock.is_new(workdir)
+    before = set(os.listdir(workdir)) if os.path.isdir(workdir) else set()
+    undo = functools.partial(_undo_start, workdir, created, before)
+    os.makedirs(workdir, exist_ok=True)
+    ckpt = None
+    try:
+        source = s.batches()
+        t = s.train
+        ckpt = RunCheckpointer(workdir, keep=t.keep, keep_best=t.keep_best, async_save=t.async_checkpointing)
+        state, meta = _initial_state(s, steps, ckpt, source.iterator, init_key)
+        if jax.process_index() == 0:  # only now: a refused or failed restore leaves the workdir's record as it was
+            s.record()
+    except BaseException as e:
+        if ckpt is not None:
+            ckpt.close()
+        undo()
+        oom = out_of_memory(e, "initialising the train state")
+        if oom is not None:
+            raise oom from None
+        raise
+    return _Started(state, meta, ckpt, source, undo)
+
+
+def _memory(s: Session, steps: TrainSteps):
+    """The step's memory estimate, checked against the machine (`train.memory_check`) before anything is
+    written; returns (estimate, out_of_memory(error, where) -> OutOfMemoryError | None)."""
     estimate = memory_lib.estimate_train_step(
-        setup.model_config, abstract_state, state_sh, mesh, batch_size=run.data.batch_size,
-        max_length=run.data.max_length, grad_accum=run.optim.grad_accum_steps,
-        forward_passes=objective.forward_passes, async_checkpointing=run.train.async_checkpointing)
-    _log(memory_lib.check(estimate, device, setup.model_config, mesh) if run.train.memory_check else
+        s.model_config, steps.abstract_state, steps.shardings, s.mesh, batch_size=s.rows, max_length=s.length,
+        grad_accum=s.optim.grad_accum_steps, forward_passes=s.objective.forward_passes * s.updates,
+        async_checkpointing=s.train.async_checkpointing)
+    device = s.mesh.devices.flat[0]
+    _log(memory_lib.check(estimate, device, s.model_config, s.mesh) if s.train.memory_check else
          f"memory: estimated {estimate.describe()}; not checked (train.memory_check=false)")
 
     def out_of_memory(e: BaseException, where: str) -> memory_lib.OutOfMemoryError | None:
         if not memory_lib.is_out_of_memory(e):
             return None
-        return memory_lib.out_of_memory_error(e, estimate, setup.model_config, mesh, where)
+        return memory_lib.out_of_memory_error(e, estimate, s.model_config, s.mesh, where)
 
-    # ---- state: restore or initialise, straight onto the mesh. A failure here (a damaged or unfitting
-    # checkpoint) leaves the workdir as it was: a workdir this call created is removed again.
-    created = workdir_lock.is_new(workdir)
-    before = set(os.listdir(workdir)) if os.path.isdir(workdir) else set()
-    os.makedirs(workdir, exist_ok=True)
-    ckpt = None
-    try:
-        train_iter = iter(data_lib.make_dataset(setup.splits.train, run.data, local_batch=setup.local_batch,
-                                                pad_id=setup.tokenizer.pad_id, process_index=jax.process_index(),
-                                                process_count=jax.process_count()))
-        ckpt = RunCheckpointer(workdir, keep=run.train.keep, keep_best=run.train.keep_best,
-                               async_save=run.train.async_checkpointing)
-        state, resume_meta = _initial_state(setup, ckpt, train_iter, init_params, optimizer, abstract_state,
-                                            state_sh, init_key, run_key)
-        if jax.process_index() == 0:  # only now: a refused or failed restore leaves the workdir's record as it was
-            identity.record(run, workdir, identity_extra)
-    except BaseException as e:
-        if ckpt is not None:
-            ckpt.close()
-        _undo_start(workdir, created, before)
-        oom = out_of_memory(e, "initialising the train state")
-        if oom is not None:
-            raise oom from None
-        raise
-    start = int(state["step"])
-    detector = DivergenceDetector(run.train.divergence, float(jax.jit(optax.tree.norm)(state["params"])))
-    steps = StepCache(make_train_step(objective, optimizer, run.optim, total, mesh, trainable_mask),
-                      make_eval_step(objective, total, mesh), state_sh, frozen_sh, mesh, BATCH_KEYS)
+    return estimate, out_of_memory
 
-    flops_tok = train_flops_per_token(setup.model_config, run.data.max_length, objective.forward_passes)
-    peak = device_peak(mesh.devices.flatten().tolist(), run.train.peak_flops, setup.model_config.dtype)
-    _log(f"model {setup.model_config.num_params() / 1e6:.2f}M params; mesh {dict(mesh.shape)}; batch "
-         f"{run.data.batch_size}×{run.data.max_length}; steps {start}→{total}; MFU peak: {peak.note}")
 
-    # ---- hooks, in the order they run (see train.hooks)
-    t = run.train
+def _hooks(s: Session, steps: TrainSteps, frozen, started: _Started, start: int) -> tuple[list[Hook], Checkpointer]:
+    """The hooks in the order they run (see train.hooks): the session's early hooks (evaluations), the
+    metrics log, the progress bar, the checkpoint, the export, the session's hooks."""
+    t = s.train
+    flops_tok = train_flops_per_token(s.model_config, s.length, s.objective.forward_passes * s.updates)
+    peak = device_peak(s.mesh.devices.flatten().tolist(), t.peak_flops, s.model_config.dtype)
+    _log(f"model {s.model_config.num_params() / 1e6:.2f}M params; mesh {dict(s.mesh.shape)}; batch "
+         f"{s.rows}×{s.length}; steps {start}→{t.steps}; MFU peak: {peak.note}")
     tracker = None if t.tracker == "none" else functools.partial(
         trackers.open_tracker, t.tracker, project=t.tracker_project, group=t.tracker_group, name=t.tracker_run,
-        config=run.to_dict(), workdir=workdir)
-    logger = MetricsLogger(workdir, start, run.train.log_every, run.data.batch_size, run.data.max_length,
-                           flops_tok, peak, tracker)
-    logger.resume_from(resume_meta)
-    saver = Checkpointer(ckpt, train_iter, run.train.save_every, start, meta=logger.resume_record)
-    all_hooks = [h for h in (
-        _evaluator(setup, steps, frozen, total), logger,
-        ProgressBar(total, start, logger) if run.train.progress_bar and jax.process_index() == 0 else None,
-        saver,
-        Export(objective.export, workdir, setup.tokenizer, PromptFormat.of(run.data))
-        if run.train.export_final and objective.export else None,
-    ) if h is not None] + list(hooks)
+        config=s.config, workdir=s.workdir)
+    logger = MetricsLogger(s.workdir, start, t.log_every, s.rows, s.length, flops_tok, peak, tracker)
+    logger.resume_from(started.meta)
+    saver = Checkpointer(started.ckpt, started.source.iterator, t.save_every, start, meta=logger.resume_record)
+    bar = ProgressBar(t.steps, start, logger) if t.progress_bar and jax.process_index() == 0 else None
+    hooks = [*s.early_hooks(steps, frozen), logger, bar, saver, s.export, *s.hooks]
+    return [h for h in hooks if h is not None], saver
 
-    summary: dict[str, Any] = {"status": "completed", "workdir": os.path.abspath(workdir), "start_step": start,
-                               "data_stats": setup.splits.stats, "memory_estimate_bytes": estimate.pool}
-    flag = StopSignal()
+
+def run_loop(s: Session, t0: float | None = None) -> dict:
+    """Runs (or resumes) the session: the state restored or initialised, steps `start` → `train.steps` with
+    the hooks, at the end the summary (also WORKDIR/summary.json). See the module doc and `train`."""
+    t0 = time.perf_counter() if t0 is None else t0
+    total = s.train.steps
+    init_key, run_key = jax.random.split(jax.random.PRNGKey(s.train.seed))
+    frozen, frozen_sh = _frozen_on_mesh(s.frozen_params, s.mesh)
+    steps = build_steps(s.objective, s.optim, total, _init_fn(s.init_params, s.model_config), s.mesh, s.batch_keys,
+                        run_key, init_key=init_key, frozen_shardings=frozen_sh, updates=s.updates,
+                        companions=s.companions)
+    estimate, out_of_memory = _memory(s, steps)  # checked with the frozen params already in memory
+    started = _start(s, steps, init_key, out_of_memory)
+    state, start = started.state, int(started.state["step"])
+    detector = DivergenceDetector(s.train.divergence, float(jax.jit(optax.tree.norm)(state["params"])))
+    hooks, saver = _hooks(s, steps, frozen, started, start)
+    summary: dict[str, Any] = {"status": "completed", "workdir": os.path.abspath(s.workdir), "start_step": start,
+                               **s.summary, "memory_estimate_bytes": estimate.pool}
+    stepper = _Stepper(steps.cache, frozen, s.objective, started.source, hooks, saver, detector, total)
     failure = None
     try:
-        state, last_loss = _run_steps(state, frozen, steps, objective, train_iter, setup, all_hooks, saver, flag,
-                                      start, total, summary, detector)
+        stepper.begin(state, start)
+        state = stepper.run(state, start, summary)
     except Exception as e:
         failure = out_of_memory(e, "in the train step")
         if failure is None:
             raise
     finally:
-        flag.restore()
-        for h in all_hooks:
+        stepper.flag.restore()
+        for h in hooks:
             h.close()
-        ckpt.close()
+        started.ckpt.close()
     if failure is not None:
         if start == 0 and saver.saved_step == 0:  # nothing was checkpointed: as if the run never started
-            _undo_start(workdir, created, before)
+            started.undo()
         raise failure from None
-    summary.update(step=int(state["step"]), loss=last_loss, eval_loss=None, tokens_per_s=None, mfu=None,
-                   checkpoint_dir=ckpt.directory, final_params=None)
-    summary["memory_peak_bytes"], summary["memory_peak_source"] = memory_lib.peak_used(device)
-    for h in all_hooks:
+    summary.update(step=int(state["step"]), loss=stepper.last.get("loss"), eval_loss=None, tokens_per_s=None,
+                   mfu=None, checkpoint_dir=started.ckpt.directory, final_params=None)
+    summary["memory_peak_bytes"], summary["memory_peak_source"] = memory_lib.peak_used(s.mesh.devices.flat[0])
+    for h in hooks:
         h.on_end(state, summary)
     summary["wall_s"] = time.perf_counter() - t0
-    _record_summary(workdir, summary)
-    if return_state:
+    _record_summary(s.workdir, summary)
+    if s.return_state:
         summary["state"] = state
     return summary
 
@@ -397,11 +508,8 @@ def _record_summary(workdir: str, summary: dict) -> None:
     atomic_write_json(path, {k: v for k, v in summary.items() if k != "state"}, default=str)
 
 
-def _run_steps(state, frozen, steps: StepCache, objective: Objective, train_iter, setup: _Setup,
-               hooks: list[Hook], saver: Checkpointer, flag: StopSignal, start: int, total: int, summary: dict,
-               detector: DivergenceDetector) -> tuple[dict, float | None]:
+class _Stepper:
     """Steps `start` → `total` (see `train.hooks` for when hooks run and the host synchronises).
-    Returns (final state, last step loss); a signal sets `summary['status']` to 'interrupted'.
 
     At most one step is on the device at a time: the host draws and places the next batch while a step
     runs, waits for that step (its metrics), then asks whether a signal came (`StopSignal.reached`) and only
@@ -410,85 +518,101 @@ def _run_steps(state, frozen, steps: StepCache, objective: Objective, train_iter
     iterator's position is restored) before that save, so the resumed run sees it. Each shape's step is
     compiled ahead of its first run (`jit(...).lower(...).compile()`): the compile is timed (excluded from
     throughput) and a signal during it stops the run before the step runs."""
-    mesh = setup.mesh
-    last: dict[str, float] = {}
-    programs: dict[Any, Any] = {}
 
-    def last_checkpoint() -> str:
-        step = saver.checkpointer.latest_step()
+    def __init__(self, steps: StepCache, frozen, objective: Objective, source: BatchSource, hooks: list[Hook],
+                 saver: Checkpointer, detector: DivergenceDetector, total: int):
+        self.steps, self.frozen, self.objective, self.source = steps, frozen, objective, source
+        self.hooks, self.saver, self.detector, self.total = hooks, saver, detector, total
+        self.last: dict[str, float] = {}
+        self.programs: dict[Any, Any] = {}
+        self.flag = StopSignal()
+
+    def begin(self, state: dict, start: int) -> None:
+        """Each hook's `on_start`; what they add to the event's metrics is logged at the start step."""
+        event = StepEvent(start, self.total, {}, 0, 0, state=state)
+        for h in self.hooks:
+            h.on_start(event)
+
+    def _last_checkpoint(self) -> str:
+        step = self.saver.checkpointer.latest_step()
         return ("no checkpoint was written" if step is None else
-                f"the last checkpoint, {saver.checkpointer.step_dir(step)}, was written from a healthy state")
+                f"the last checkpoint, {self.saver.checkpointer.step_dir(step)}, was written from a healthy state")
 
-    def program(static, state, batch) -> tuple[Any, float]:
+    def program(self, static, state, batch) -> tuple[Any, float]:
         """(the train step compiled for `static`, seconds spent compiling it now)."""
-        if static in programs:
-            return programs[static], 0.0
+        if static in self.programs:
+            return self.programs[static], 0.0
         t = time.perf_counter()
-        _log("compiling the train step" + (f" ({objective.name}, static {static!r})" if static is not None else "")
-             + "…")
-        programs[static] = steps.train(static).lower(state, frozen, batch).compile()
+        _log("compiling the train step" + (f" ({self.objective.name}, static {static!r})" if static is not None
+                                           else "") + "…")
+        self.programs[static] = self.steps.train(static).lower(state, self.frozen, batch).compile()
         seconds = time.perf_counter() - t
         _log(f"compiled the train step in {seconds:.1f} s")
-        return programs[static], seconds
+        return self.programs[static], seconds
 
-    def fetch(pending) -> StepEvent:
+    def fetch(self, pending) -> StepEvent:
         """The host side of a dispatched step: its metrics, checked for NaN/Inf and divergence before any
         hook sees them (synchronises on the step)."""
-        step_no, metrics, tokens, crc, compile_s = pending
+        step_no, metrics, drawn, compile_s = pending
         m = jax.device_get(metrics)
         done = time.perf_counter()
         if int(m["bad_step"]) >= 0:
             raise NonFiniteError(
                 f"loss, gradient or params became non-finite at step {int(m['bad_step']) + 1} "
                 f"(loss={float(m['loss'])}, grad_norm={float(m['grad_norm'])}, param_norm={float(m['param_norm'])})"
-                f"; training stopped and the state was not updated; {last_checkpoint()}. Lower optim.lr or check "
-                "the data.")
-        reason = detector.check(step_no, {k: float(v) for k, v in m.items()})
+                f"; training stopped and the state was not updated; {self._last_checkpoint()}. Lower optim.lr or "
+                "check the data.")
+        reason = self.detector.check(step_no, {k: float(v) for k, v in m.items()})
         if reason:
             raise DivergenceError(f"training diverged at step {step_no}: {reason}. Training stopped without saving "
-                                  f"this step; {last_checkpoint()}. Lower optim.lr, check the data, or adjust "
+                                  f"this step; {self._last_checkpoint()}. Lower optim.lr, check the data, or adjust "
                                   "train.divergence.*")
-        last.clear()
-        last.update({k: float(v) for k, v in m.items() if k != "bad_step"})
-        return StepEvent(step_no, total, dict(last), tokens, crc, time=done, compile_s=compile_s)
+        self.last.clear()
+        self.last.update({k: float(v) for k, v in m.items() if k != "bad_step"})
+        return StepEvent(step_no, self.total, {**self.last, **drawn.metrics}, drawn.tokens, drawn.crc, time=done,
+                         compile_s=compile_s)
 
-    def emit(event: StepEvent) -> None:
-        for h in hooks:
+    def emit(self, event: StepEvent) -> None:
+        for h in self.hooks:
             h.on_metrics(event)
 
-    pending = None  # the step on the device: (step number, metrics, tokens, data crc, compile seconds)
-    for step in range(start, total):
-        position = train_iter.get_state()
-        local = next(train_iter)  # host work while the previous step runs
-        crc = host_fingerprint(local)
-        tokens = int((local["segment_ids"] > 0).sum()) * jax.process_count()
-        batch = shd.global_batch(local, mesh)
-        previous = fetch(pending) if pending is not None else None  # waits for the step in flight
-        pending = None
-        fn, compile_s = program(objective.static_at(step, total), state, batch)
-        if flag.reached(step):  # a signal (here or, on several hosts, on any host): save what is done, stop
-            if previous is not None:
-                emit(previous)
-            train_iter.set_state(position)  # this batch was not trained on
-            saver.save(step, state, last)
-            summary["status"] = "interrupted"
-            summary["signal"] = int(flag.signum)
-            _log(f"signal {flag.signum}: " + (f"saved checkpoint {step}" if step > start else
-                                               "no step ran since the start, nothing to save") + ", stopping")
-            break
-        state, metrics = fn(state, frozen, batch)
-        pending = (step + 1, metrics, tokens, crc, compile_s)
-        if previous is not None:  # its hooks run while this step runs on the device
-            emit(previous)
-        due = [h.due(step + 1, total) for h in hooks]
-        if any(due):
-            event = fetch(pending)
+    def stop(self, step: int, start: int, state: dict, position, previous, summary: dict) -> None:
+        """A signal came before step `step` ran: the hooks of the step before, the batch put back, a save."""
+        if previous is not None:
+            self.emit(previous)
+        self.source.iterator.set_state(position)  # this batch was not trained on
+        self.saver.save(step, state, self.last)
+        summary["status"] = "interrupted"
+        summary["signal"] = int(self.flag.signum)
+        _log(f"signal {self.flag.signum}: " + (f"saved checkpoint {step}" if step > start else
+                                                "no step ran since the start, nothing to save") + ", stopping")
+
+    def run(self, state: dict, start: int, summary: dict) -> dict:
+        """The steps; returns the final state (a signal sets `summary['status']` to 'interrupted')."""
+        pending = None  # the step on the device: (step number, metrics, its Drawn, compile seconds)
+        for step in range(start, self.total):
+            position = self.source.iterator.get_state()
+            drawn = self.source.draw(state, step)  # host work while the previous step runs
+            previous = self.fetch(pending) if pending is not None else None  # waits for the step in flight
             pending = None
-            event.state = state
-            for h, is_due in zip(hooks, due):
-                if is_due:
-                    h.on_step(event)
-                h.on_metrics(event)
-    if pending is not None:
-        emit(fetch(pending))
-    return state, last.get("loss")
+            fn, compile_s = self.program(self.objective.static_at(step, self.total), state, drawn.batch)
+            if self.flag.reached(step):  # a signal (here or, on several hosts, on any host): save what is done
+                self.stop(step, start, state, position, previous, summary)
+                break
+            state, metrics = fn(state, self.frozen, drawn.batch)
+            pending = (step + 1, metrics, drawn, compile_s)
+            if previous is not None:  # its hooks run while this step runs on the device
+                self.emit(previous)
+            due = [h.due(step + 1, self.total) for h in self.hooks]
+            if any(due):
+                event = self.fetch(pending)
+                pending = None
+                event.state = state
+                for h, is_due in zip(self.hooks, due):
+                    if is_due:
+                        h.on_step(event)
+                    h.on_metrics(event)
+                state = event.state  # a hook may have replaced a companion's state (`train.hooks`)
+        if pending is not None:
+            self.emit(self.fetch(pending))
+        return state

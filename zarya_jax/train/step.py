@@ -25,7 +25,9 @@ output head's gradient is reduce-scattered once per step by the blockwise loss i
 """
 from __future__ import annotations
 
+import dataclasses
 import zlib
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -85,81 +87,96 @@ def _sharded_like(grads, mesh):
 
 
 def make_train_step(objective: Objective, optimizer, optim_config: OptimConfig, total_steps: int, mesh,
-                    trainable_mask=None):
+                    trainable_mask=None, updates: int = 1):
     """Returns step(state, frozen, batch, static) -> (state, metrics). Pure; jitted by `StepCache`.
 
     Batch leaves are [B, …] with B divisible by grad_accum_steps × the data-parallel size.
     `trainable_mask` (bool pytree like params) restricts the reported grad norm to trained leaves.
+    `updates`: optimizer updates per step on the same batch (GRPO's μ, `num_iterations`; the metrics are
+    the last update's, `state["step"]` counts steps and the schedule's `total_steps` counts steps, so
+    the optimizer is built for total_steps × updates). Entries of the state the step does not own (a
+    companion's train state, e.g. GRPO's refreshed drafter) pass through unchanged.
     """
-    accum = optim_config.grad_accum_steps
-    schedule = make_schedule(optim_config, total_steps)
-    micro_sharding = NamedSharding(mesh, P(None, shd.BATCH_AXES))
+    schedule = make_schedule(optim_config, total_steps * updates)
+    grads_of = _accumulated_grads(objective, optim_config.grad_accum_steps, mesh)
 
     def step(state, frozen, batch, static):
         with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
             return _step(state, frozen, batch, static)
 
-    def _step(state, frozen, batch, static):
+    def _update(state, frozen, batch, static, key, u):
         params = state["params"]
-        key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
         info = StepInfo(step=state["step"], static=static, total_steps=total_steps, carry=state.get("carry"))
-
-        def loss_of(p, mb, k):
-            loss, metrics = objective.loss_fn(p, frozen, mb, k, info)
-            return loss.astype(jnp.float32), metrics
-
-        def grad_fn(p, mb, k):
-            (loss, metrics), grads = jax.value_and_grad(loss_of, has_aux=True)(p, mb, k)
-            return (loss, metrics), _sharded_like(grads, mesh)
-
-        if accum == 1:
-            (loss, metrics), grads = grad_fn(params, batch, key)
-        else:
-            # Strided split (row r goes to micro-batch r % accum) keeps each micro-batch spread over
-            # every data-parallel device instead of living on a few of them.
-            micro = jax.tree.map(
-                lambda x: jax.lax.with_sharding_constraint(
-                    x.reshape((x.shape[0] // accum, accum) + x.shape[1:]).swapaxes(0, 1),
-                    NamedSharding(mesh, P(*micro_sharding.spec, *([None] * (x.ndim - 1))))),
-                batch)
-
-            def body(carry, xs):
-                g_sum, l_sum, m_sum = carry
-                mb, i = xs
-                (l, m), g = grad_fn(params, mb, jax.random.fold_in(key, i))
-                return (jax.tree.map(jnp.add, g_sum, g), l_sum + l,
-                        jax.tree.map(lambda a, b: a + b.astype(jnp.float32), m_sum, m)), None
-
-            (l0, m0), _ = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro), key)
-            zeros_m = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), m0)
-            zeros_g = jax.tree.map(jnp.zeros_like, params)
-            (g_sum, l_sum, m_sum), _ = jax.lax.scan(
-                body, (zeros_g, jnp.zeros((), jnp.float32), zeros_m), (micro, jnp.arange(accum)))
-            grads = jax.tree.map(lambda g: g / accum, g_sum)
-            loss = l_sum / accum
-            metrics = jax.tree.map(lambda m: m / accum, m_sum)
+        loss, metrics, grads = grads_of(params, frozen, batch, key, info)
         counted = grads if trainable_mask is None else jax.tree.map(
             lambda g, t: g if t else jnp.zeros((), g.dtype), grads, trainable_mask)
         grad_norm = optax.tree.norm(counted)
-        updates, opt_state = optimizer.update(grads, state["opt_state"], params)
-        new_params = optax.apply_updates(params, updates)
+        updates_, opt_state = optimizer.update(grads, state["opt_state"], params)
+        new_params = optax.apply_updates(params, updates_)
         param_norm = optax.tree.norm(new_params)
         ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(param_norm) & (state["bad_step"] < 0)
-        new_state = {
-            "step": jnp.where(ok, state["step"] + 1, state["step"]),
-            "params": _where_tree(ok, new_params, params),
-            "opt_state": _where_tree(ok, opt_state, state["opt_state"]),
-            "rng": state["rng"],
-            "bad_step": jnp.where(ok | (state["bad_step"] >= 0), state["bad_step"], state["step"]),
-        }
+        new_state = {**state, "params": _where_tree(ok, new_params, params),
+                     "opt_state": _where_tree(ok, opt_state, state["opt_state"]),
+                     "bad_step": jnp.where(ok | (state["bad_step"] >= 0), state["bad_step"], state["step"])}
+        out = {"loss": loss, "grad_norm": grad_norm, "param_norm": param_norm,
+               "lr": schedule(state["step"] * updates + u), "bad_step": new_state["bad_step"],
+               **{k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}}
+        return new_state, out
+
+    def _step(state, frozen, batch, static):
+        key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
+        new_state, out = _update(state, frozen, batch, static, key, 0)
+        for u in range(1, updates):  # the same batch again, from the updated params
+            new_state, out = _update(new_state, frozen, batch, static, jax.random.fold_in(key, u), u)
+        ok = new_state["bad_step"] < 0
+        new_state["step"] = jnp.where(ok, state["step"] + 1, state["step"])
         if "carry" in state:
             carry = objective.next_carry(state["carry"], new_state["params"], new_state["step"])
             new_state["carry"] = _where_tree(ok, carry, state["carry"])
-        out = {"loss": loss, "grad_norm": grad_norm, "param_norm": param_norm, "lr": schedule(state["step"]),
-               "bad_step": new_state["bad_step"], **{k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}}
         return new_state, out
 
     return step
+
+
+def _accumulated_grads(objective: Objective, accum: int, mesh):
+    """(params, frozen, batch, key, info) -> (loss, metrics, grads): the objective's loss and gradient,
+    averaged over `accum` micro-batches (a scan). Strided split (row r goes to micro-batch r % accum)
+    keeps each micro-batch spread over every data-parallel device instead of living on a few of them."""
+    micro_sharding = NamedSharding(mesh, P(None, shd.BATCH_AXES))
+
+    def grad_fn(p, frozen, mb, k, info):
+        def loss_of(p):
+            loss, metrics = objective.loss_fn(p, frozen, mb, k, info)
+            return loss.astype(jnp.float32), metrics
+
+        (loss, metrics), grads = jax.value_and_grad(loss_of, has_aux=True)(p)
+        return loss, metrics, _sharded_like(grads, mesh)
+
+    def grads_of(params, frozen, batch, key, info):
+        if accum == 1:
+            return grad_fn(params, frozen, batch, key, info)
+        micro = jax.tree.map(
+            lambda x: jax.lax.with_sharding_constraint(
+                x.reshape((x.shape[0] // accum, accum) + x.shape[1:]).swapaxes(0, 1),
+                NamedSharding(mesh, P(*micro_sharding.spec, *([None] * (x.ndim - 1))))),
+            batch)
+
+        def body(carry, xs):
+            g_sum, l_sum, m_sum = carry
+            mb, i = xs
+            l, m, g = grad_fn(params, frozen, mb, jax.random.fold_in(key, i), info)
+            return (jax.tree.map(jnp.add, g_sum, g), l_sum + l,
+                    jax.tree.map(lambda a, b: a + b.astype(jnp.float32), m_sum, m)), None
+
+        _, m0, _ = jax.eval_shape(lambda p, mb: grad_fn(p, frozen, mb, key, info), params,
+                                  jax.tree.map(lambda x: x[0], micro))
+        zeros_m = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), m0)
+        (g_sum, l_sum, m_sum), _ = jax.lax.scan(
+            body, (jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32), zeros_m),
+            (micro, jnp.arange(accum)))
+        return l_sum / accum, jax.tree.map(lambda m: m / accum, m_sum), jax.tree.map(lambda g: g / accum, g_sum)
+
+    return grads_of
 
 
 def make_eval_step(objective: Objective, total_steps: int, mesh):
@@ -210,6 +227,64 @@ def build_optimizer(optim_config: OptimConfig, total_steps: int, params):
     if optim_config.freeze:
         mask = jax.tree.map(lambda lab: lab == "train", trainable_labels(params, optim_config))
     return optimizer, mask
+
+
+@dataclasses.dataclass
+class TrainSteps:
+    """A run's optimizer, train state (abstract, with its shardings) and jitted steps, from `build_steps`.
+
+    `init(key)` (from `init_params(key)`) and `from_params(tree)` make a real state straight onto the
+    shardings (a given tree is an argument of the program, not a constant). `companions` (name -> another
+    `TrainSteps` and its initial params) are other train states kept in this state under their names:
+    checkpointed with it, passed through the step unchanged (GRPO's refreshed drafter, trained by a hook)."""
+
+    optimizer: Any
+    trainable_mask: Any
+    abstract_state: dict
+    shardings: dict
+    cache: StepCache
+    run_key: Any
+    init_params: Callable
+    init_carry: Callable | None
+    companions: dict
+
+    def _state(self, params) -> dict:
+        return init_state(params, self.optimizer, self.run_key, self.init_carry)
+
+    def _own(self) -> dict:
+        return {k: v for k, v in self.shardings.items() if k not in self.companions}
+
+    def _with_companions(self, state: dict) -> dict:
+        return {**state, **{name: steps.from_params(params) for name, (steps, params) in self.companions.items()}}
+
+    def init(self, key) -> dict:
+        return self._with_companions(jax.jit(lambda k: self._state(self.init_params(k)),
+                                             out_shardings=self._own())(key))
+
+    def from_params(self, params) -> dict:
+        placed = jax.device_put(params, self.shardings["params"])  # a no-op for leaves already placed so
+        return self._with_companions(jax.jit(self._state, out_shardings=self._own())(placed))
+
+
+def build_steps(objective: Objective, optim_config: OptimConfig, total_steps: int, init_params: Callable, mesh,
+                batch_keys, run_key, *, init_key=None, frozen_shardings=None, updates: int = 1,
+                companions: dict | None = None) -> TrainSteps:
+    """The one way a run builds optimizer → abstract state → shardings → step cache: `objective` trained from
+    `init_params` (key -> the trainable tree, evaluated abstractly here) for `total_steps` steps of `updates`
+    optimizer updates each (`make_train_step`); the state's `rng` is `run_key`'s, and `init_key` (default
+    `run_key`) the key the abstract state is traced with."""
+    init_key = run_key if init_key is None else init_key
+    companions = dict(companions or {})
+    optimizer, mask = build_optimizer(optim_config, total_steps * updates, jax.eval_shape(init_params, init_key))
+    abstract = jax.eval_shape(lambda k: init_state(init_params(k), optimizer, run_key, objective.init_carry),
+                              init_key)
+    shardings = state_shardings(abstract, optimizer, mesh)
+    for name, (steps, _) in companions.items():
+        abstract[name], shardings[name] = steps.abstract_state, steps.shardings
+    cache = StepCache(make_train_step(objective, optimizer, optim_config, total_steps, mesh, mask, updates),
+                      make_eval_step(objective, total_steps, mesh), shardings, frozen_shardings, mesh, batch_keys)
+    return TrainSteps(optimizer, mask, abstract, shardings, cache, run_key, init_params, objective.init_carry,
+                      companions)
 
 
 def host_fingerprint(batch: dict[str, np.ndarray]) -> int:

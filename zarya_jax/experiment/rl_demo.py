@@ -9,7 +9,7 @@ Stages, each resumable in its own folder of the workdir:
    value but states it in the form the reward and the exact match do not read, so a group's completions
    differ in reward for a reason the policy controls (docs/rl.md, the probe);
 3. drafter/: Uno's LoRA drafter on that checkpoint (the frozen and refreshed arms start from it);
-4. arms/<arm>/: `trainer.train_rl` per arm, every arm with the same config and seeds;
+4. arms/<arm>/: `rl.trainer.train_rl` per arm, every arm with the same config and seeds;
 5. report.json, report.md, report.png: per arm the held-out greedy exact match before and after, the
    reward, the accepted draft tokens per cycle at the start and the end of RL, the rollout tokens per
    forward and wall time; the plot draws exact match and accepted tokens per cycle against the RL step
@@ -26,14 +26,15 @@ import numpy as np
 from .. import overrides as ov
 from ..config import PromptFormat
 from ..eval import tasks
-from ..experiment import config as exp_config
-from ..experiment import stages
 from ..files import atomic_write, atomic_write_json
 from ..inference import load_for_inference
 from ..provenance import describe, provenance
+from ..rl import config as rl_config
+from ..rl.plots import rl_plot
+from ..rl.trainer import train_rl
 from ..train.metrics import read_metrics
-from . import config as rl_config
-from .trainer import train_rl
+from . import config as exp_config
+from . import stages
 
 # On bases whose only errors are wrong values (difficulty 2, 22% greedy; difficulty 1, 36%) no learning
 # rate raised the held-out exact match in 30 steps: few samples are right, so few groups carry an advantage
@@ -51,7 +52,7 @@ DEMO_RL = {"rl.prompts_per_step": 8, "rl.num_generations": 8, "rl.max_new_tokens
            "rl.beta": 0.02, "rl.refresh_every": 5, "rl.refresh_steps": 5, "optim.lr": 1e-4, "train.steps": 30,
            "train.eval_every": 5, "train.save_every": 10, "data.eval_size": 64}
 SMOKE_SFT = {**exp_config.SMOKE, "task.num_val": 0, "frontier.enabled": False,
-             "drafter.steps": 3, "drafter.batch_size": 4, "drafter.block_sizes": [2, 4]}
+             "drafter.steps": 3, "drafter.batch_size": 4, "drafter.objective.block_sizes": [2, 4]}
 TITLE = "GRPO: AR vs lossless speculative rollouts"
 SMOKE_RL = {"rl.prompts_per_step": 2, "rl.num_generations": 2, "rl.max_new_tokens": 8, "rl.draft_length": 4,
             "rl.refresh_every": 1, "rl.refresh_steps": 1, "train.steps": 2, "train.eval_every": 1,
@@ -98,12 +99,12 @@ def run(workdir: str, *, smoke: bool = False, arms=rl_config.ARMS, overrides=(),
     sft_train = os.path.join(workdir, "data", "sft_train.jsonl")
     tasks.write_jsonl(sft_train, unmark(tasks.read_jsonl(splits.train, fmt), unmarked, sft.task.seed))
     sft_splits = dataclasses.replace(splits, train=sft_train)
-    trained = stages.train(sft, sft_splits, workdir, force=force)
+    trained = stages.train(sft.trainer, sft_splits, workdir, force=force)
     base = load_for_inference(trained.ckpt, verify=sft.train.verify_checkpoints)
     t_sft = time.perf_counter()
     adapter = None
     if any(a in rl_config.LORA_ARMS for a in arms):  # the drafter learns the base's own outputs: the SFT data
-        stages.train_drafter(sft, base, sft_train, workdir, force=force)
+        stages.train_drafter(sft.drafter, sft.trainer, base, sft_train, workdir, force=force)
         adapter = os.path.join(workdir, "drafter", "adapter")
     t_drafter = time.perf_counter()
     rows = []
@@ -123,8 +124,6 @@ def run(workdir: str, *, smoke: bool = False, arms=rl_config.ARMS, overrides=(),
                           "rl_s": time.perf_counter() - t_drafter, "wall_s": time.perf_counter() - t0}}
     atomic_write_json(os.path.join(workdir, "report.json"), report, default=str)
     atomic_write(os.path.join(workdir, "report.md"), report_markdown(report))
-    from .plots import rl_plot
-
     rl_plot(rows, os.path.join(workdir, "report.png"), title=TITLE)
     return report
 
