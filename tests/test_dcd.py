@@ -16,6 +16,7 @@ from zarya_jax.objectives import dcd as dcd_lib
 from zarya_jax.objectives import drafter as drafter_lib
 from zarya_jax.testing import UNO_CONFIG as CFG, UNO_LORA as LORA
 from zarya_jax.testing import uno_random_params as random_model
+from zarya_jax.train.hooks import Hook
 
 
 def _adapter(seed: int):
@@ -122,29 +123,17 @@ def _config(data, start: float, *more: str):
         "train.progress_bar=false", "train.async_checkpointing=false", "optim.warmup_steps=0", "optim.lr=0.01", "mesh.num_devices=2", *more])
 
 
-class Record:
+class Record(Hook):
     """A hook that keeps (params, teacher) after every step and can stop the run after `stop_at`."""
     every, last = 1, True
 
     def __init__(self, stop_at: int | None = None):
         self.seen, self.stop_at = {}, stop_at
 
-    def due(self, step, total):
-        return True
-
     def on_step(self, event):
         self.seen[event.step] = jax.device_get((event.state["params"], event.state["carry"]))
         if event.step == self.stop_at:
             raise KeyboardInterrupt("stopped by the test")
-
-    def on_metrics(self, event):
-        pass
-
-    def on_end(self, state, summary):
-        pass
-
-    def close(self):
-        pass
 
 
 def _equal(a, b) -> bool:

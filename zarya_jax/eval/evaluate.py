@@ -425,7 +425,7 @@ def evaluate(model: Inference, records: list[dict], ev: EvalConfig, *, knobs: di
             mode=mode, label=MODE_LABELS[mode], examples=len(prompts),
             accuracy=sum(r.correct for r in rows) / len(prompts), tokens_per_forward=res.tokens_per_forward,
             tokens_per_s=res.tokens_per_s, generated_tokens=res.tokens, wall_s=res.wall_s, compile_s=res.compile_s,
-            batch_size=ev.batch_size, generation_config=dataclasses.asdict(gen),
+            batch_size=ev.batch_size, generation_config=gen.as_dict(),
             knobs={**knobs.get("*", {}), **knobs.get(mode, {})},
             **batch1, **(res.acceptance or {})))  # drafts kept per cycle (c0 included), and by draft position
     return _with_speedups(summary), predictions

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..config import missing_mask_token
-from .mode import Mode
+from .mode import Mode, named
 
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -47,11 +47,9 @@ class GenerationConfig:
 
     def __post_init__(self):
         if isinstance(self.mode, str):
-            from .modes import mode  # the modes' files import this one
-            object.__setattr__(self, "mode", mode(self.mode))
+            object.__setattr__(self, "mode", named(self.mode))
         elif not isinstance(self.mode, Mode):
-            from .modes import MODES
-            raise ValueError(f"GenerationConfig.mode={self.mode!r}: expected a Mode or one of {list(MODES)}")
+            raise ValueError(f"GenerationConfig.mode={self.mode!r}: expected a Mode or a mode's name")
 
     @property
     def needs_mask_token(self) -> bool:

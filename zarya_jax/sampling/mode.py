@@ -48,6 +48,8 @@ class Mode:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:  # a concrete mode (not a shared base such as `spec.TwoPass`)
+            _NAMED[cls.name] = cls
         # The fields exist only once the dataclass decorator has run (after this hook), so the pytree
         # functions look them up when called (`_split`) rather than here.
         jax.tree_util.register_pytree_with_keys(cls, _flatten_with_keys, functools.partial(_unflatten, cls),
@@ -98,6 +100,18 @@ class Mode:
     def knob_name(self, field: str) -> str:
         """The knob's full name in messages, e.g. "knobs.slotted.slot_size"."""
         return f"knobs.{self.name}.{field}"
+
+
+# Every concrete mode by name, as its file defines it: `GenerationConfig(mode="slotted")` looks names up
+# here, below the modes' files, which import `GenerationConfig` (`modes.MODES` is the ordered registry).
+_NAMED: dict[str, type[Mode]] = {}
+
+
+def named(name: str) -> Mode:
+    """The mode called `name` with its default knobs; ValueError naming the known modes."""
+    if name not in _NAMED:
+        raise ValueError(f"mode {name!r}: unknown; expected one of {sorted(_NAMED)}")
+    return _NAMED[name]()
 
 
 # ------------------------------------------------------------------ checks shared by the modes' `check`
