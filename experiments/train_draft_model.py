@@ -33,7 +33,7 @@ import json
 
 from zarya_jax import overrides
 from zarya_jax.config import LoraConfig
-from zarya_jax.nn import checkpoint as ckpt_lib
+from zarya_jax import checkpoint as ckpt_lib
 from zarya_jax.train import config as rc
 from zarya_jax.train import draft_model as draft_run
 from zarya_jax.train import inherit

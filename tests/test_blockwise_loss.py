@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from test_slots import random_batch
-from zarya_jax.nn import model as model_lib
+from zarya_jax import model as model_lib
 from zarya_jax.config import LoraConfig, ZaryaConfig
-from zarya_jax.nn import lora as lora_lib
+from zarya_jax import lora as lora_lib
 from zarya_jax.objectives import ar as ar_lib
 from zarya_jax.objectives import distill as distill_lib
 from zarya_jax.objectives import drafter as drafter_lib

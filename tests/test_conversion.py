@@ -375,7 +375,7 @@ def test_missing_mask_token_errors_name_the_remedy(ckpt):
     from zarya_jax.config import ConfigError, LoraConfig
     from zarya_jax.eval.diagnose import teacher_forced
     from zarya_jax.eval.evaluate import check_mask_token
-    from zarya_jax.nn.lora import noise_tokens
+    from zarya_jax.lora import noise_tokens
     from zarya_jax.objectives.dcd import DcdConfig, dcd_objective
     from zarya_jax.objectives.drafter import DrafterConfig, drafter_objective
     from zarya_jax.objectives.losses import mask_id_of

@@ -13,8 +13,8 @@ import pytest
 
 from zarya_jax.config import LoraConfig, ModelConfig
 from zarya_jax.nn import kv_cache
-from zarya_jax.nn import lora as lora_lib
-from zarya_jax.nn import model as model_lib
+from zarya_jax import lora as lora_lib
+from zarya_jax import model as model_lib
 from zarya_jax.sampling.config import GenerationConfig
 
 

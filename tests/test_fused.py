@@ -10,7 +10,7 @@ import pytest
 
 from zarya_jax import lora as lora_lib
 from zarya_jax.config import LoraConfig
-from zarya_jax.nn import model as model_lib
+from zarya_jax import model as model_lib
 from zarya_jax.nn import kv_cache, masks
 from zarya_jax.sampling import GenerationConfig, generate, mode, pad_prompts
 from zarya_jax.sampling import fused, passes

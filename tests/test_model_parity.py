@@ -10,7 +10,8 @@ import torch
 
 from conversion import hf_to_jax
 from zarya_jax.config import ModelConfig
-from zarya_jax.nn import checkpoint, hf_params, masks, model
+from zarya_jax import checkpoint, model
+from zarya_jax.nn import hf_params, masks
 from zarya_jax.testing import random_torch_model
 
 FP32_TOL = 1e-4

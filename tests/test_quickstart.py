@@ -116,8 +116,8 @@ def test_knobs_chosen_on_validation_frontier(smoke_run):
 
 def test_ar_matches_uncached_greedy_and_spec_is_lossless(smoke_run):
     from zarya_jax.data.tokenizer import ByteTokenizer
-    from zarya_jax.nn import checkpoint
-    from zarya_jax.nn.model import forward
+    from zarya_jax import checkpoint
+    from zarya_jax.model import forward
 
     workdir, report, preds = smoke_run
     params, config = checkpoint.load(os.path.join(workdir, "train", "final"))

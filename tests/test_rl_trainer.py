@@ -15,8 +15,8 @@ from zarya_jax import checkpoint
 from zarya_jax.config import LoraConfig
 from zarya_jax.data.tokenizer import ByteTokenizer
 from zarya_jax.eval import answers, tasks
-from zarya_jax.nn import lora as lora_lib
-from zarya_jax.nn import model as model_lib
+from zarya_jax import lora as lora_lib
+from zarya_jax import model as model_lib
 from zarya_jax.rl import config as rl_config
 from zarya_jax.experiment import rl_demo as demo
 from zarya_jax.rl import grpo, rollout, trainer

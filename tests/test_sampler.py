@@ -8,8 +8,8 @@ import pytest
 from zarya_jax import Sampler, load_for_inference
 from zarya_jax.config import LoraConfig, PromptFormat
 from zarya_jax.data.tokenizer import ByteTokenizer
-from zarya_jax.nn import checkpoint
-from zarya_jax.nn import lora as lora_lib
+from zarya_jax import checkpoint
+from zarya_jax import lora as lora_lib
 from zarya_jax.sampling import GenerationConfig, generate
 
 TEXTS = ["abc", "hello there", "x"]

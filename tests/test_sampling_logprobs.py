@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from zarya_jax import model as model_lib
-from zarya_jax.nn import lora as lora_lib
+from zarya_jax import lora as lora_lib
 from zarya_jax.sampling import GenerationConfig, SpecSelf, generate
 from zarya_jax.testing import UNO_CONFIG as CFG, UNO_LORA as LORA, synthetic_tokens
 from zarya_jax.testing import uno_trained_params as trained_model

@@ -16,7 +16,7 @@ from zarya_jax.train import memory
 from zarya_jax.train import sharding as shd
 from zarya_jax.train.loop import BATCH_KEYS
 from zarya_jax.train.step import StepCache, build_optimizer, init_state, make_eval_step, make_train_step, state_shardings
-from zarya_jax.nn import model as model_lib
+from zarya_jax import model as model_lib
 from zarya_jax.testing import write_sum_records
 
 # Bounds of estimate / compiled peak asserted below (measured 1.0–1.3 on XLA:CPU); see train.memory's doc.

@@ -11,10 +11,11 @@ frontier, diagnostics) → `inference` (a checkpoint loaded for decoding, the `S
 (the decoding modes: AR, mode A `mdm`, mode B `slotted`, Ψ-Spec `spec` with the self or LoRA drafter,
 `spec_model` with a draft model, `fused` speculation in one pass per cycle) and `objectives` (training
 losses: Zarya's hybrid loss and its `reconstruction` pass, the AR baseline, Uno's `drafter`, its
-consistency distillation `dcd`, a draft model's `distill`) → `nn` (the network and its files) and
-`data` (tokenizers, records, batches) → `config` (the frozen configs), `overrides` (dotted `--set`
-overrides), `files` (atomic writes, output-path guards), `lock` (one run per workdir). `model`,
-`checkpoint` and `lora` are the stable names of `nn.model`, `nn.checkpoint` and `nn.lora`; `target`
+consistency distillation `dcd`, a draft model's `distill`) → `model` (the Qwen3 Linen model, each
+parameter created with its logical axes), `checkpoint` (Orbax model checkpoints), `lora` (gated-LoRA
+adapters and their noise convention) and `data` (tokenizers, records, batches) → `nn` (the network's
+parts: attention kernels, masks, the KV cache, partitioning, the HF ⇄ JAX tensor map,
+checksums) → `config` (the frozen configs), `overrides` (dotted `--set` overrides), `files` (atomic writes, output-path guards), `lock` (one run per workdir). `target`
 names the devices a program is compiled for (TPU topologies, GPUs, this host); `provenance` records
 where a reported number comes from (commit, versions, machine); `testing` holds the fixtures the tests
 and benchmarks share.

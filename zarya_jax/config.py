@@ -17,7 +17,7 @@ import jax.numpy as jnp
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 # `ModelConfig.attention`: the kernel of the training mask (`zarya_jax.nn.attention`).
 ATTENTION_BACKENDS = ("auto", "dense", "dot_product", "splash")
-# `ModelConfig.remat_policy`: what a rematerialised layer keeps from its forward pass (`nn.model`).
+# `ModelConfig.remat_policy`: what a rematerialised layer keeps from its forward pass (`model`).
 REMAT_POLICIES = ("full", "dots", "qkv")
 # ModelConfig fields that say how to compute, not what the model is (`ModelConfig.with_runtime_of`).
 RUNTIME_FIELDS = ("dtype", "remat", "remat_policy", "attention", "scan_unroll")

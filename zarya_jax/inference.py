@@ -8,8 +8,8 @@ way) and a `Sampler` that decodes text in any mode, in the manner of gemma's `gm
     sampler = Sampler(load_for_inference("runs/quickstart/train/final"), GenerationConfig(mode="slotted"))
     sampler.sample(["What is 12+7?"]).texts
 
-It reads nothing of the trainer: only the checkpoint (`nn.checkpoint`), its tokenizer
-(`data.tokenizer`), the prompt format its training recorded (`data.render`), a LoRA adapter (`nn.lora`)
+It reads nothing of the trainer: only the checkpoint (`checkpoint`), its tokenizer
+(`data.tokenizer`), the prompt format its training recorded (`data.render`), a LoRA adapter (`lora`)
 and a draft model (another checkpoint); `sampling.generate` decodes.
 """
 from __future__ import annotations
@@ -25,8 +25,8 @@ from . import overrides as ov
 from .config import ConfigError, LoraConfig, ModelConfig, PromptFormat
 from .data.render import render_prompt
 from .data.tokenizer import load_tokenizer
-from .nn import checkpoint as ckpt_lib
-from .nn import lora as lora_lib
+from . import checkpoint as ckpt_lib
+from . import lora as lora_lib
 from .sampling import GenerationConfig, GenerationOutput, generate
 from .sampling.spec_model import check_compatible
 

@@ -36,8 +36,8 @@ import optax
 
 from .config import LoraConfig, ModelConfig, to_hf_dict
 from .nn import hf_params
-from .nn import lora as lora_lib
-from .nn import model as model_lib
+from . import lora as lora_lib
+from . import model as model_lib
 from .objectives import drafter as drafter_lib
 
 TINY = ModelConfig(vocab_size=264, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
@@ -59,7 +59,7 @@ def write_sum_records(path, count: int, seed: int = 0) -> str:
 
 @functools.cache
 def random_params(config: ModelConfig = TINY, seed: int = 0):
-    """`config`'s initial params from PRNGKey(`seed`) (`nn.model.init_params`, jitted: the op-by-op init is
+    """`config`'s initial params from PRNGKey(`seed`) (`model.init_params`, jitted: the op-by-op init is
     slow on a busy CPU), built once per process and shared: treat them as read-only."""
     return jax.jit(model_lib.init_params, static_argnums=0)(config, jax.random.PRNGKey(seed))
 

@@ -42,8 +42,8 @@ from jax.sharding import NamedSharding
 from zarya_jax import target as target_lib
 from zarya_jax.config import ConfigError, LoraConfig, ZaryaConfig
 from zarya_jax.nn import attention as attention_lib
-from zarya_jax.nn import lora as lora_lib
-from zarya_jax.nn import model as model_lib
+from zarya_jax import lora as lora_lib
+from zarya_jax import model as model_lib
 from zarya_jax.objectives.distill import DistillConfig, distill_objective
 from zarya_jax.objectives.drafter import DrafterConfig, drafter_objective
 from zarya_jax.objectives.zarya import zarya_objective

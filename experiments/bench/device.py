@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from zarya_jax.nn import kv_cache
-from zarya_jax.nn import model as model_lib
+from zarya_jax import model as model_lib
 from zarya_jax.sampling import GenerationConfig, generate
 from zarya_jax.sampling.mode import Mode
 from zarya_jax.sampling.modes import mode as mode_of

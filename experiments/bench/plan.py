@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from zarya_jax.nn import kv_cache
-from zarya_jax.nn import model as model_lib
+from zarya_jax import model as model_lib
 from zarya_jax.nn.partitioning import spec_for
 from zarya_jax.sampling import passes
 from zarya_jax.sampling import modes as modes_lib

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from zarya_jax.config import ModelConfig, ZaryaConfig, preset
-from zarya_jax.nn.model import init_params
+from zarya_jax.model import init_params
 from zarya_jax.objectives.zarya import zarya_objective
 from zarya_jax.train import sharding as shd
 from zarya_jax.train.loop import BATCH_KEYS

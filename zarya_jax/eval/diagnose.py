@@ -43,7 +43,7 @@ import numpy as np
 from ..config import missing_mask_token
 from ..inference import Inference
 from ..data import render
-from ..nn import model as model_lib
+from .. import model as model_lib
 from ..objectives.drafter import agreement_counts
 from .evaluate import MODE_LABELS
 from .results import ModeResult, Prediction

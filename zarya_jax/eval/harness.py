@@ -50,7 +50,7 @@ from .. import overrides as ov
 from ..config import ConfigError
 from ..data import render
 from ..inference import load_for_inference
-from ..nn import model as model_lib
+from .. import model as model_lib
 from ..sampling import GenerationConfig, generate
 from ..sampling.prompts import bucket_length
 from .evaluate import ADAPTER_MODES, DRAFT_MODEL_MODES, MODES, SHARED_TYPES, generation_config

@@ -22,7 +22,7 @@ from typing import Any
 
 from .. import overrides as ov
 from ..config import PromptFormat
-from ..nn.checkpoint import CHECKSUMS_FILE
+from ..checkpoint import CHECKSUMS_FILE
 from ..nn.integrity import file_checksum
 from .evaluate import ADAPTER_MODES, EvalConfig, generation_config
 

@@ -31,7 +31,7 @@ from ..eval.evaluate import MODE_LABELS, SPEC_MODES, EvalConfig
 from ..eval.frontier import FrontierConfig
 from ..eval.results import ModeResult, Prediction
 from ..inference import Inference, load_for_inference
-from ..nn import lora as lora_lib
+from .. import lora as lora_lib
 from ..train import draft_model as draft_model_run
 from ..train import drafter as drafter_run
 from ..train.config import SECTIONS as TRAINER_SECTIONS

@@ -12,8 +12,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ..config import ModelConfig
-from ..nn import checkpoint
-from ..nn import model as model_lib
+from .. import checkpoint
+from .. import model as model_lib
 from .base import Objective
 from .losses import head_token_cross_entropy
 

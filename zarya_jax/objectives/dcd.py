@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 
 from ..config import ConfigError, LoraConfig, ModelConfig, missing_mask_token
-from ..nn import model as model_lib
-from ..nn.lora import redraft_tokens
+from .. import model as model_lib
+from ..lora import redraft_tokens
 from .base import Objective
 from .drafter import (DrafterConfig, block_size_traced, drafter_hidden_terms, drafter_loss, make_pair_batch,
                       pair_hidden)

@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 
 from ..config import ConfigError, ModelConfig
-from ..nn import checkpoint
-from ..nn import model as model_lib
+from .. import checkpoint
+from .. import model as model_lib
 from .ar import next_token_targets
 from .base import Objective
 from .losses import head_draft_row_losses, head_weights

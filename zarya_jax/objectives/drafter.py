@@ -11,7 +11,7 @@ The sequence is cut into blocks of `S` tokens (the draft block size, grown by a 
 *seed* of the Ψ-Spec draft pass (`[seed, z1 … z_{S−1}]`, seed gate-off, noise gate-on), so the
 training block is the inference draft window exactly. A seed row sees what its clean twin sees, so
 its output is the AR distribution and it carries no loss. The other rows get noise tokens by the
-adapter's convention (`LoraConfig.noise`, `nn.lora.noise_tokens`): uniform random ids (never the mask
+adapter's convention (`LoraConfig.noise`, `lora.noise_tokens`): uniform random ids (never the mask
 id) or the mask token; the adapter is saved with it, so sampling uses the same noise.
 
 Loss per supervised noisy row i (next-token convention, as the AR row at the same index):
@@ -30,8 +30,8 @@ import jax.numpy as jnp
 
 from ..config import ConfigError, LoraConfig, ModelConfig, missing_mask_token
 from ..nn import kv_cache
-from ..nn import model as model_lib
-from ..nn.lora import noise_tokens
+from .. import model as model_lib
+from ..lora import noise_tokens
 from .base import Objective
 from .losses import draft_row_losses, head_draft_row_losses
 
@@ -226,7 +226,7 @@ def drafter_hidden_terms(hidden: tuple[Array, Array], params, config: ModelConfi
 def drafter_objective(config: ModelConfig, lora: LoraConfig, cfg: DrafterConfig):
     """An `Objective`: trainable = the adapter, frozen = the AR base params; the block size follows the
     curriculum from the traced step (one compile for the whole run). No export: the caller saves the
-    adapter (`nn.lora.save`)."""
+    adapter (`lora.save`)."""
     if lora.noise == "mask" and config.mask_token_id is None:
         raise ConfigError(missing_mask_token("LoraConfig.noise='mask' needs", otherwise="use noise='uniform'"))
 

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from ..config import ConfigError, ModelConfig, ZaryaConfig, missing_mask_token
-from ..nn import model as model_lib
+from .. import model as model_lib
 from ..nn.partitioning import spec_for
 from .noise import noise_transform
 from .reconstruction import reconstruction_rows

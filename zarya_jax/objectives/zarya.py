@@ -9,7 +9,7 @@ the Zarya hyperparameters.
 from __future__ import annotations
 
 from ..config import ModelConfig, ZaryaConfig
-from ..nn import checkpoint
+from .. import checkpoint
 from . import curriculum, losses
 from .base import Objective
 

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..config import ConfigError
-from ..nn import model as model_lib
+from .. import model as model_lib
 from ..objectives.losses import map_sequence_blocks
 from ..sampling import primitives
 

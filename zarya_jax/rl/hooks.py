@@ -9,7 +9,7 @@ from typing import Callable
 import jax
 import numpy as np
 
-from ..nn import lora as lora_lib
+from .. import lora as lora_lib
 from ..train import sharding as shd
 from ..train.hooks import Hook, StepEvent
 from ..train.step import NonFiniteError, StepCache

@@ -27,7 +27,7 @@ Resume is exact: everything random comes from the step (prompts, rollouts, the d
 the checkpoint holds every state that changes, so a run killed at any point and rerun repeats the
 same steps bit for bit. A workdir holding another run (another config beyond `config.RESUMABLE`,
 another base or adapter content) is refused unless `force`. SIGTERM/SIGINT finish the step, save and
-return with status 'interrupted'. At the end: WORKDIR/final (the policy, `nn.checkpoint`),
+return with status 'interrupted'. At the end: WORKDIR/final (the policy, `checkpoint`),
 WORKDIR/adapter (the refreshed drafter) and WORKDIR/summary.json.
 """
 from __future__ import annotations
@@ -49,7 +49,7 @@ from ..data import records as records_lib
 from ..data import render
 from ..files import atomic_write_json, check_writable_dir
 from ..inference import Inference, load_for_inference
-from ..nn import checkpoint as ckpt_lib
+from .. import checkpoint as ckpt_lib
 from ..objectives.base import Objective
 from ..objectives.drafter import DrafterConfig, drafter_objective
 from ..sampling import GenerationConfig

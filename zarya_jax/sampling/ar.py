@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from ..nn import kv_cache
-from ..nn import model as model_lib
+from .. import model as model_lib
 from .config import GenerationConfig
 from .decoder import Decoder
 from .decoding import add_presence, finish, initial_presence, logprobs_of, prefill, sampler, special_ids

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from ..nn import kv_cache
-from ..nn import model as model_lib
+from .. import model as model_lib
 from . import primitives
 from .config import GenerationConfig
 

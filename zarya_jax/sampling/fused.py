@@ -46,8 +46,8 @@ import numpy as np
 
 from ..config import LoraConfig, ModelConfig
 from ..nn import kv_cache
-from ..nn import model as model_lib
-from ..nn.lora import noise_tokens
+from .. import model as model_lib
+from ..lora import noise_tokens
 from . import decoding, spec
 from .config import GenerationConfig
 from .decoder import Decoder

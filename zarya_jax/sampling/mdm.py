@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..nn import kv_cache, masks
-from ..nn import model as model_lib
+from .. import model as model_lib
 from . import decoding
 from .config import GenerationConfig
 from .decoder import Decoder

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from ..nn import kv_cache
-from ..nn import model as model_lib
+from .. import model as model_lib
 from . import ar, fused, mdm, slotted, spec, spec_model
 from .config import GenerationConfig
 

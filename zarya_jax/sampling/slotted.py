@@ -57,7 +57,7 @@ import numpy as np
 from flax import struct
 
 from ..nn import kv_cache, masks
-from ..nn import model as model_lib
+from .. import model as model_lib
 from . import decoding, primitives
 from .config import GenerationConfig
 from .decoder import Decoder

@@ -53,8 +53,8 @@ import numpy as np
 
 from ..config import ConfigError, LoraConfig, ModelConfig, missing_mask_token
 from ..nn import kv_cache
-from ..nn import model as model_lib
-from ..nn.lora import check_lora, noise_tokens, redraft_tokens
+from .. import model as model_lib
+from ..lora import check_lora, noise_tokens, redraft_tokens
 from . import decoding, primitives
 from .config import GenerationConfig
 from .decoder import Decoder

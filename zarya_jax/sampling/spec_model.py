@@ -46,7 +46,7 @@ import numpy as np
 
 from ..config import ConfigError, ModelConfig
 from ..nn import hf_params, kv_cache
-from ..nn import model as model_lib
+from .. import model as model_lib
 from . import decoding, spec
 from .config import GenerationConfig
 from .decoder import Decoder

@@ -22,8 +22,8 @@ import jax
 from .. import overrides as ov
 from ..config import ConfigError, LoraConfig, ModelConfig, PromptFormat
 from ..files import atomic_write_json
-from ..nn import checkpoint as ckpt_lib
-from ..nn import lora as lora_lib
+from .. import checkpoint as ckpt_lib
+from .. import lora as lora_lib
 from ..objectives.ar import ar_objective
 from ..objectives.distill import DistillConfig, distill_objective
 from . import config as rc

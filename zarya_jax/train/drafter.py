@@ -6,7 +6,7 @@ with) and `drafter` (block curriculum, loss weights, `objective` tv | dcd) and `
 teacher passes, refresh period, divergence, weight of the drafter loss, start; `objectives.dcd`). `train_drafter` loads and freezes the base
 (read by the loop straight onto the run's mesh, `checkpoint.load(mesh=)`: no device holds it whole),
 trains only the adapter (sharded, checkpointed, resumable like any run) and saves it to
-WORKDIR/adapter/ (`nn.lora.save`); WORKDIR/drafter.json records the settings. The settings and the
+WORKDIR/adapter/ (`lora.save`); WORKDIR/drafter.json records the settings. The settings and the
 content of the base checkpoint (its checksums, not its path) are part of the run's identity
 (`train.identity`), so a rerun with other drafter settings or another base is refused unless forced.
 The data are rendered with the base checkpoint's recorded prompt format (`data.render`) unless the run
@@ -25,8 +25,8 @@ import jax
 from .. import overrides as ov
 from ..config import ConfigError, LoraConfig, PromptFormat, missing_mask_token
 from ..files import atomic_write_json
-from ..nn import checkpoint as ckpt_lib
-from ..nn import lora as lora_lib
+from .. import checkpoint as ckpt_lib
+from .. import lora as lora_lib
 from ..objectives.dcd import DcdConfig, dcd_objective
 from ..objectives.drafter import DrafterConfig, drafter_objective
 from . import config as rc

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..config import ConfigError, ModelConfig
 from ..data.tokenizer import load_tokenizer
-from ..nn import checkpoint as ckpt_lib
+from .. import checkpoint as ckpt_lib
 from . import config as rc
 from .identity import CONFIG_FILE
 

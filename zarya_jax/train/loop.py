@@ -51,8 +51,8 @@ from ..data import pipeline as data_lib
 from ..data.tokenizer import load_tokenizer
 from .. import lock as workdir_lock
 from ..files import atomic_write_json, check_writable_dir
-from ..nn import checkpoint as ckpt_lib
-from ..nn import model as model_lib
+from .. import checkpoint as ckpt_lib
+from .. import model as model_lib
 from ..objectives.ar import ar_objective
 from ..objectives.base import Objective
 from ..objectives.losses import mask_id_of

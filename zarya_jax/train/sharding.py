@@ -7,7 +7,7 @@ One mesh with three named axes, `('data', 'fsdp', 'tensor')`:
 - `tensor`: Megatron-style tensor parallelism over heads, MLP width and vocabulary.
 
 Every param dim carries a *logical* axis name, declared where the model creates the parameter
-(`zarya_jax.nn.model`, with `nn.partitioning.declare`) and read back by path (`declared_axes`), and ONE
+(`zarya_jax.model`, with `nn.partitioning.declare`) and read back by path (`declared_axes`), and ONE
 table (`RULES`, in `zarya_jax.nn.partitioning`, where the model's fused attention reads it too) maps
 logical names to mesh axes. Changing the parallelism layout means editing `RULES` or the mesh sizes,
 never the model. A parameter with no declaration, a name with no rule, or a dim whose size does not
@@ -31,7 +31,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ..config import ConfigError, LoraConfig, preset
-from ..nn import model as model_lib
+from .. import model as model_lib
 from ..nn.partitioning import BATCH_AXES, MESH_AXES, RULES, path_str, spec_for
 
 __all__ = ["path_str"]  # re-exported: the trainer's optimizer masks name params by path too
