@@ -34,6 +34,11 @@ def test_run_from_python_returns_a_typed_report(tmp_path):
     assert [r.examples for r in report.modes] == [3, 3] and report.frontier.points[0].examples == 4
     doc = json.load(open(os.path.join(workdir, "report.json")))
     assert json.loads(json.dumps(report.to_json(), default=str)) == doc
+    # Each mode's AUP over its validation points reaches report.json and report.md; AR's is its accuracy.
+    ar_point = next(p for p in report.frontier.points if p.mode == "ar")
+    assert set(doc["frontier"]["aup"]) == {"ar", "mdm"} and doc["frontier"]["aup"]["ar"] == pytest.approx(
+        100 * ar_point.accuracy)
+    assert "Accuracy under parallelism" in open(os.path.join(workdir, "report.md")).read()
     # Every measured field of a result reaches report.json, the batch-1 compile time included.
     assert all(r["compile_s_batch1"] >= 0 and r["batch1_examples"] == 2 for r in doc["modes"])
     # Accuracy recomputed from the per-example file with the extraction rules, not from the report.

@@ -88,6 +88,9 @@ def report_markdown(report: Report) -> str:
         lines.append(f"\n{len(front.points)} points in all (`report.json` → frontier.points); the table lists "
                      "those no other point of the same mode beats on both accuracy and tokens per forward. "
                      "Examples lost to AR: answered wrongly where AR answers correctly.")
+        lines.append("\nAccuracy under parallelism (AUP, `zarya_jax.eval.aup`: the area under each mode's accuracy "
+                     "vs tokens-per-forward curve, weighted down below the best accuracy; AR's is its accuracy): "
+                     + ", ".join(f"{MODE_LABELS.get(m, m)} {v:.1f}" for m, v in front.aup.items()) + ".")
     lines += ["", f"Total wall time: {report.wall_s:.0f} s.", ""]
     return "\n".join(lines)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..eval import aup
 from ..eval.results import FrontierPoint, ModeResult, Prediction, from_json, to_json
 
 __all__ = ["Frontier", "FrontierPoint", "ModeResult", "Prediction", "Report", "Target", "TrainSummary"]
@@ -14,21 +15,28 @@ __all__ = ["Frontier", "FrontierPoint", "ModeResult", "Prediction", "Report", "T
 
 @dataclasses.dataclass(frozen=True)
 class Frontier:
-    """Every validation point and, per mode, the chosen one."""
+    """Every validation point and, per mode, the chosen one; `aup` is each mode's accuracy under
+    parallelism over its points (`eval.aup`), derived from the points: written to the JSON for its
+    readers, computed again when read back."""
 
     points: list[FrontierPoint]
     chosen: dict[str, FrontierPoint]
     validation_examples: int
 
+    @property
+    def aup(self) -> dict[str, float]:
+        return aup.by_mode(self.points)
+
     def to_json(self) -> dict:
         return {"points": [p.to_json() for p in self.points],
                 "chosen": {m: p.to_json() for m, p in self.chosen.items()},
-                "validation_examples": self.validation_examples}
+                "validation_examples": self.validation_examples, "aup": self.aup}
 
     @classmethod
     def from_json(cls, data: dict) -> "Frontier":
         if not isinstance(data, dict):
             raise ValueError(f"Frontier.from_json: expected a mapping, got {type(data).__name__}")
+        data = {k: v for k, v in data.items() if k != "aup"}
         nested = {"points": lambda v: [FrontierPoint.from_json(p) for p in v],
                   "chosen": lambda v: {m: FrontierPoint.from_json(p) for m, p in v.items()}}
         return from_json(cls, {k: nested[k](v) if k in nested else v for k, v in data.items()})

@@ -220,7 +220,8 @@ TRAIN_COLUMNS = ("step", "loss", "wall_s", "tokens_per_s")  # of the TrainSummar
 def _flatten_metrics(report: Report) -> dict:
     """A run's report as flat columns: its wall time, the training's `TRAIN_COLUMNS` and, per decoding mode,
     `<mode>/<field>` for every field `ModeResult` marks as a metric (`eval.results.metric`; a list as JSON
-    with 3 decimals; an optional metric the mode has none of, left out)."""
+    with 3 decimals; an optional metric the mode has none of, left out) and, when a frontier was swept,
+    `<mode>/aup` (its accuracy under parallelism on validation)."""
     row = {"wall_s": report.wall_s}
     if report.train is not None:
         row.update({f"train_{k}": getattr(report.train, k) for k in TRAIN_COLUMNS})
@@ -231,6 +232,8 @@ def _flatten_metrics(report: Report) -> dict:
             if v is None and k in optional:
                 continue
             row[f"{r.mode}/{k}"] = json.dumps([round(x, 3) for x in v]) if isinstance(v, list) else v
+    for mode, value in (report.frontier.aup if report.frontier else {}).items():
+        row[f"{mode}/aup"] = value
     return row
 
 
