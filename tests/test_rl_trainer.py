@@ -277,6 +277,17 @@ def test_each_arm_smoke(scratch, arm, capsys):
     assert "rl.beta" in capsys.readouterr().err
 
 
+def test_refresh_accumulation_that_does_not_split_the_rollouts_is_refused_up_front(scratch, capsys):
+    """4 rollout rows on 2 data-parallel devices cannot be split 3 ways by the drafter's refresh either:
+    refused before any compute, naming the refresh's own key."""
+    workdir = os.path.join(scratch["root"], "bad-refresh-accum")
+    argv = ["--base", scratch["ckpt"], "--workdir", workdir, "--arm", "refreshed", "--adapter", scratch["adapter"],
+            *small(scratch, "--set", "rl.refresh_optim.grad_accum_steps=3")]
+    assert rl_cli.main(argv) == 2
+    assert "rl.refresh_optim.grad_accum_steps=3" in capsys.readouterr().err
+    assert not os.path.exists(os.path.join(workdir, "metrics.jsonl"))
+
+
 def test_config_refuses_off_policy_modes_and_tiny_groups():
     with pytest.raises(ValueError, match="not on-policy"):
         rl_config.build(["rl.arm=slotted"])

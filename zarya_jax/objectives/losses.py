@@ -18,6 +18,7 @@ the loss, so `L_seq` is the mean over the AR and the reconstruction targets toge
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Callable
 
 import jax
@@ -323,23 +324,28 @@ def zarya_loss(params, model_config: ModelConfig, zarya_config: ZaryaConfig, bat
     inputs = transform(key, batch, zarya_config, slot_size, mask_id_of(model_config))
     apply_fn = model_lib.apply if apply_fn is None else apply_fn
 
-    def token_terms(rows, **attention):
+    def hidden_of(rows, **attention):
         out = apply_fn(params, model_config, rows["tokens"], rows["positions"], return_hidden=True, **attention)
-        hidden = out[0] if isinstance(out, tuple) else out
-        return head_token_cross_entropy(params, model_config, hidden, rows["targets"], chunk)
+        return out[0] if isinstance(out, tuple) else out
 
     if zarya_config.slotted_training or zarya_config.sequential_convention == "ar":
-        ce, hit = token_terms(inputs, segment_ids=inputs["segment_ids"])
+        ce, hit = head_token_cross_entropy(params, model_config, hidden_of(inputs, segment_ids=inputs["segment_ids"]),
+                                           inputs["targets"], chunk)
         return loss_from_token_ce(ce, hit, inputs, zarya_config, slot_size)
     # Rows 2b are the sequential pass (x0), 2b + 1 the diffusion pass (see `noise_transform`).
     dif = {k: v[1::2] for k, v in inputs.items() if k != "window_mask"}
     seq = {k: v[0::2] for k, v in inputs.items() if k != "window_mask"}
     rec = reconstruction_rows(seq, mask_id_of(model_config))
-    parts = [(dif, *token_terms(dif, segment_ids=dif["segment_ids"])),
-             (rec, *token_terms(rec, window_mask=rec["window_mask"]))]
+    passes = [(dif, hidden_of(dif, segment_ids=dif["segment_ids"])), (rec, hidden_of(rec, window_mask=rec["window_mask"]))]
     if zarya_config.sequential_convention == "both":
-        parts.append((seq, *token_terms(seq, segment_ids=seq["segment_ids"])))
-    return loss_from_flat(parts, zarya_config)
+        passes.append((seq, hidden_of(seq, segment_ids=seq["segment_ids"])))
+    # One projection of every pass's positions (side by side in each row): the head is gathered, and its
+    # gradient reduced, once per step rather than once per pass (each would hold a gathered copy).
+    ce, hit = head_token_cross_entropy(params, model_config, jnp.concatenate([h for _, h in passes], axis=1),
+                                       jnp.concatenate([r["targets"] for r, _ in passes], axis=1), chunk)
+    ends = list(itertools.accumulate(r["targets"].shape[1] for r, _ in passes))[:-1]
+    return loss_from_flat([(r, c, h) for (r, _), c, h in zip(passes, jnp.split(ce, ends, axis=1),
+                                                            jnp.split(hit, ends, axis=1))], zarya_config)
 
 
 def loss_from_flat(parts, zarya_config: ZaryaConfig):

@@ -37,8 +37,8 @@ REFRESH_OPTIM = OptimConfig(lr=1e-4, warmup_steps=0, schedule="constant", weight
 @dataclasses.dataclass(frozen=True)
 class RLSection:
     """GRPO (tunix's `GRPOConfig` names: num_generations, beta, epsilon, num_iterations, loss_agg_mode),
-    the rollouts (prompts_per_step prompts × num_generations completions, sampled at `temperature` /
-    `top_k` with up to `max_new_tokens` tokens; `draft_length` and `draft_when_active_below` for the
+    the rollouts (prompts_per_step prompts × num_generations completions, sampled at `temperature` from
+    the full softmax — `top_k` is refused unless 0 — with up to `max_new_tokens` tokens; `draft_length` and `draft_when_active_below` for the
     spec arms), the reward (a dotted import path `module.function` of a function (record, completion
     text) → float; "" = exact match of the final `####` answer + 0.1 × the format term) and the
     refreshed drafter's schedule."""

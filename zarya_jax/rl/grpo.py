@@ -3,7 +3,7 @@ current params, and the clipped importance-ratio objective with a KL penalty to 
 
 One GRPO step, for P prompts with G = `num_generations` completions each (N = P·G rows, prompt-major:
 rows p·G … p·G + G − 1 are prompt p's group):
-1. Rollouts: `generate()` in mode "ar" or "spec" (the on-policy samplers) returns the completions and
+1. Rollouts: `generate()` in mode "ar", "spec-self" or "spec-lora" (the on-policy samplers) returns the completions and
    their log-probabilities under the sampling policy; `rollout_batch` lays them out for scoring and keeps
    those log-probabilities as the old policy's, π_old (no second pass over the rollouts).
 2. Rewards r_i (`zarya_jax.rl.rewards`), and advantages A_i = (r_i − mean_g r) / (std_g r + 1e-6) over

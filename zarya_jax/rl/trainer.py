@@ -153,10 +153,15 @@ def prepare(cfg: RLConfig, base: str, workdir: str, adapter: str | None, force: 
         gcfg.replace(mode="ar", temperature=0.0).validate(model.config, eval_prompts)
     reward_fns = load_reward(rl.reward, fmt)
     mesh = shd.make_mesh(cfg.mesh)
-    rows, dp, accum = rl.prompts_per_step * rl.num_generations, shd.data_parallel_size(mesh), cfg.optim.grad_accum_steps
-    if rows % (dp * accum):
-        raise ConfigError(f"rl.prompts_per_step × rl.num_generations = {rows} rollout rows: not divisible by the "
-                          f"data-parallel size {dp} × optim.grad_accum_steps={accum}")
+    rows, dp = rl.prompts_per_step * rl.num_generations, shd.data_parallel_size(mesh)
+    # The policy's update and, in the refreshed arm, the drafter's refresh both split the rollout rows.
+    accums = {"optim.grad_accum_steps": cfg.optim.grad_accum_steps}
+    if rl.arm == "refreshed":
+        accums["rl.refresh_optim.grad_accum_steps"] = rl.refresh_optim.grad_accum_steps
+    for key, accum in accums.items():
+        if rows % (dp * accum):
+            raise ConfigError(f"rl.prompts_per_step × rl.num_generations = {rows} rollout rows: not divisible by the "
+                              f"data-parallel size {dp} × {key}={accum}")
     identity = {"config": ov.to_dict(cfg), "base": _fingerprint(base, ckpt_lib.CHECKSUMS_FILE),
                 "adapter": _fingerprint(adapter, "adapter.safetensors") if adapter else None}
     _check_run(workdir, cfg, identity, force)
