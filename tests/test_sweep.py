@@ -129,6 +129,14 @@ def test_sweep_resumes_after_a_failed_run(tmp_path, tiny_config, tiny_params, ca
         assert record["metrics"]["modes"][0]["accuracy"] == acc
     assert os.path.getsize(os.path.join(workdir, "results.png")) > 0
     assert "| first |" in open(os.path.join(workdir, "results.md")).read()
+    # a run record of another schema is named, and no table is written over the good one
+    done_second = os.path.join(workdir, "second", sweep.DONE)
+    json.dump({**json.load(open(done_second)), "metrics": {"accuracy": 1.0}}, open(done_second, "w"))
+    table = open(os.path.join(workdir, "results.csv")).read()
+    capsys.readouterr()
+    assert sweep.main(argv + ["--collect-only"]) == 2
+    assert done_second in capsys.readouterr().err
+    assert open(os.path.join(workdir, "results.csv")).read() == table
 
 
 def test_uno_sweep_smoke_one_frozen_base(tmp_path, capsys):

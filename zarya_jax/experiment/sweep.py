@@ -246,10 +246,14 @@ def collect(spec: dict, workdir: str) -> list[dict]:
             continue
         with open(path) as f:
             record = json.load(f)
+        try:
+            report = Report.from_json(record["metrics"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}: not a run record of this sweep ({type(e).__name__}: {e})") from e
         row = {"run": name}
         row.update({k: json.dumps(v) if isinstance(v, (list, dict)) else v
                     for k, v in record.get("overrides", {}).items()})
-        row.update(_flatten_metrics(Report.from_json(record["metrics"])))
+        row.update(_flatten_metrics(report))
         rows.append(row)
     return rows
 

@@ -25,7 +25,8 @@ class GenerationConfig:
 
     mode: a `Mode` (e.g. `slotted.Slotted(slot_size=4)`) or a mode's name (`modes.MODES`: "ar", "mdm",
       "slotted", "spec-self", "spec-lora", "spec-model", "spec-self-fused", "spec-lora-fused"), which
-      becomes that mode with its default knobs. Each mode's knobs are documented in its file.
+      becomes that mode with its default knobs. Each mode's knobs are documented in its file. Default
+      "ar" (plain AR: it needs no mask token and no adapter, so it decodes any checkpoint).
     max_new_tokens: the budget G of generated tokens per row.
     temperature (0 = greedy), top_k (0 = off), top_p (1.0 = off), repetition_penalty (1.0 = off): docs/algorithms.md §4.
     eos_token_id: None → the model config's; stop_at_eos: a row stops after its first EOS.
