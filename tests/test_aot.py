@@ -1,5 +1,6 @@
 """Every program a pod run executes, compiled for a TPU on this CPU host (libtpu's compiler through a topology,
-`zarya_jax.target`; `python -m experiments.bench aot`), and the attention kernel chosen for the mesh's chips."""
+`zarya_jax.target`; `zarya_jax.bench.aot`, `python -m experiments.bench aot`), and the attention kernel chosen for
+the mesh's chips."""
 import json
 
 import jax
@@ -7,9 +8,9 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from experiments.bench import aot
 from experiments.bench.__main__ import main as bench_main
 from zarya_jax import target
+from zarya_jax.bench import aot
 from zarya_jax.config import ConfigError
 from zarya_jax.nn import attention
 from zarya_jax.sampling import GenerationConfig, generate
@@ -34,6 +35,29 @@ def test_targets_are_validated():
     with pytest.raises(ConfigError, match="tpu:v5e:4x4"):
         target.parse("gpu")
     assert bench_main(["--out", "/nonexistent-dir/x", "aot", "--target", "tpu:v5e"]) == 2
+    with pytest.raises(ValueError, match="--programs 'zarya,beam'"):
+        aot.AotSettings(programs=("zarya", "beam")).check()
+
+
+def test_compile_rows_are_typed_and_written_as_today(tmp_path):
+    """The library call a notebook makes: `compile_rows(AotSettings(...))` on this host's CPU devices -> one
+    `AotRow` per program, whose JSON has the keys of `aot.json`'s rows (no HBM on a CPU: `fits` is None)."""
+    s = aot.AotSettings(targets=("cpu",), presets=("tiny",), programs=("eval", "ar"), seq=64, batch=8,
+                        decode_batch=8, prompt=16, new=4)
+    rows = aot.compile_rows(s, log=lambda line: None)
+    assert [(r.target, r.preset, r.program, r.status) for r in rows] == [("cpu", "tiny", "eval", "compiled"),
+                                                                       ("cpu", "tiny", "ar", "compiled")]
+    for r in rows:
+        assert isinstance(r, aot.AotRow) and r.kernel == "dense" and r.hbm_gib is None and r.fits is None
+        assert 0 < r.arguments_gib <= r.total_gib and r.error is None
+        assert list(r.as_json()) == ["target", "preset", "program", "mesh", "shape", "hbm_gib", "kernel", "status",
+                                     "compile_s", "arguments_gib", "outputs_gib", "temporaries_gib", "total_gib",
+                                     "fits"]
+    assert rows[0].shape == "8 × 64" and rows[1].shape == "8 × 16+4"
+    refused = aot.AotRow("cpu", "tiny", "zarya", "1/1/1", "4 × 64", None, "error", 0.5, error="too big")
+    assert list(refused.as_json()) == ["target", "preset", "program", "mesh", "shape", "hbm_gib", "status", "error",
+                                       "compile_s"]
+    assert "First error line" in aot.markdown(rows + [refused])
 
 
 def test_every_program_compiles_for_a_tpu_and_fits(tmp_path):

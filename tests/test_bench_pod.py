@@ -1,12 +1,14 @@
-"""`python -m experiments.bench device --smoke` (the one-command accelerator benchmark, on the CPU with the tiny
-preset) and `python -m experiments.bench plan` (ahead-of-time memory/FLOP plan on virtual devices): the
-numbers they report against independent recomputations from the model config."""
+"""`zarya_jax.bench.device` in its smoke run (the one-command accelerator benchmark, on the CPU with the tiny
+preset; `python -m experiments.bench device --smoke`) and `python -m experiments.bench plan` (ahead-of-time
+memory/FLOP plan on virtual devices): the numbers they report against independent recomputations from the
+model config."""
 import json
 
 import numpy as np
 import pytest
 
 from experiments.bench.__main__ import main as bench
+from zarya_jax.bench import device
 from zarya_jax.config import preset
 from zarya_jax.sampling import GenerationConfig, passes
 
@@ -18,10 +20,10 @@ def _read(out, name):
         return json.load(f)
 
 
-def test_device_smoke(tmp_path):
+def test_device_smoke():
     bw = 2e10
-    assert bench(["--out", str(tmp_path), "device", "--smoke", "--bandwidth", str(bw)]) == 0
-    r = _read(tmp_path, "device")
+    r, md = device.run(device.smoke(device.DeviceSettings(bandwidth=bw)))
+    assert "Cached forward pass vs window:" in md
     assert r["smoke"] and r["skipped"] == [] and r["preset"] == "tiny"
     assert r["train"]["tokens_per_s"] > 0 and 0 < r["train"]["mfu"] < 1 and np.isfinite(r["train"]["loss"])
     assert [(w["batch"], w["window"]) for w in r["window"]] == [(2, 1), (2, 4)]

@@ -261,8 +261,8 @@ def test_drafter_step_memory_per_chip_does_not_grow_with_the_global_batch():
     the clean half's causal pass runs the fused kernel (splash) as the model step does."""
     from zarya_jax import target as target_lib
     from zarya_jax.train import sharding as shd
-    from experiments.bench.aot import kernel, train_lowered
-    from experiments.bench.train import model_config
+    from zarya_jax.bench.aot import kernel, train_lowered
+    from zarya_jax.bench.train import model_config
 
     cfg = model_config("tiny", remat=True).replace(vocab_size=8192, mask_token_id=8191)  # logits dominate
     totals = []

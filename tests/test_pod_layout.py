@@ -74,7 +74,7 @@ def test_tied_embedding_gradient_is_reduce_scattered_on_tpu():
     with 4-way FSDP: the embedding's f32 [V, d] gradient is summed over the batch shards by a reduce-scatter
     to its [V, d/4] shard — no all-reduce leaves the whole gradient on every chip — and each chip's
     params + Adam moments are a quarter of the model's."""
-    from experiments.bench.train import model_config, step_setup
+    from zarya_jax.bench.train import model_config, step_setup
 
     devices = _tpu("v5e:2x2")
     mesh = S.make_mesh(S.MeshConfig(data=1, fsdp=-1, tensor=1), devices)

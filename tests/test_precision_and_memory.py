@@ -15,7 +15,7 @@ from zarya_jax.sampling import GenerationConfig, ar, generate, mdm, passes, slot
 from zarya_jax.testing import TINY, batch_of, synthetic_tokens
 from zarya_jax.train import sharding as shd
 from zarya_jax.train.optim import OptimConfig
-from zarya_jax.train.step import StepCache, build_optimizer, init_state, make_eval_step, make_train_step, state_shardings
+from zarya_jax.train.step import build_steps
 
 CFG = TINY.replace(num_layers=1, hidden_size=32, intermediate_size=64)
 
@@ -65,14 +65,11 @@ def test_remat_policies_keep_the_gradients(params, batch, fp32_grads, policy):
 
 def test_train_state_is_donated_into_the_step(params, batch):
     mesh = shd.make_mesh(shd.MeshConfig(data=1, num_devices=1))
-    objective = ar_objective(CFG)
-    optimizer, mask = build_optimizer(OptimConfig(lr=1e-3, warmup_steps=0), 10, params)
-    state = jax.jit(lambda p: init_state(p, optimizer, jax.random.PRNGKey(0)))(params)
-    sh = state_shardings(jax.eval_shape(lambda: state), optimizer, mesh)
-    steps = StepCache(make_train_step(objective, optimizer, OptimConfig(lr=1e-3, warmup_steps=0), 10, mesh, mask),
-                      make_eval_step(objective, 10, mesh), sh, None, mesh, tuple(batch))
+    steps = build_steps(ar_objective(CFG), OptimConfig(lr=1e-3, warmup_steps=0), 10, lambda k: params, mesh,
+                        tuple(batch), jax.random.PRNGKey(0))
+    state = steps.from_params(params)
     old = jax.tree.leaves(state)
-    new, metrics = steps.train(None)(state, None, batch)
+    new, metrics = steps.cache.train(None)(state, None, batch)
     assert all(x.is_deleted() for x in old)  # the new state reused the old one's buffers
     assert int(new["step"]) == 1 and np.isfinite(float(metrics["loss"]))
 

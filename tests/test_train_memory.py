@@ -15,7 +15,8 @@ from zarya_jax.train import config as rc
 from zarya_jax.train import memory
 from zarya_jax.train import sharding as shd
 from zarya_jax.train.loop import BATCH_KEYS
-from zarya_jax.train.step import StepCache, build_optimizer, init_state, make_eval_step, make_train_step, state_shardings
+from zarya_jax.train.checkpoints import abstract_like
+from zarya_jax.train.step import build_steps
 from zarya_jax import model as model_lib
 from zarya_jax.testing import write_sum_records
 
@@ -24,34 +25,31 @@ LOW, HIGH = 0.9, 2.0
 
 
 def planned(overrides: dict):
-    """(run config, mesh, objective, optimizer, trainable mask, abstract train state, its shardings) of a
-    tiny run, as the loop builds them; nothing allocated."""
+    """(run config, mesh, objective, the run's `TrainSteps`: optimizer, abstract train state, its shardings and
+    the step cache) of a tiny run, built as the loop builds them (`train.step.build_steps`); nothing allocated."""
     run = rc.build({"model": "tiny"}, {"model.mask_token_id": 259, **overrides})
     mesh, objective = shd.make_mesh(run.mesh), zarya_objective(run.model, run.zarya)
-    key = jax.random.PRNGKey(0)
-    init_fn = lambda k: model_lib.init_params(run.model, k)  # noqa: E731
-    optimizer, mask = build_optimizer(run.optim, 10, jax.eval_shape(init_fn, key))
-    abstract = jax.eval_shape(lambda k: init_state(init_fn(k), optimizer, key, objective.init_carry), key)
-    return run, mesh, objective, optimizer, mask, abstract, state_shardings(abstract, optimizer, mesh)
+    steps = build_steps(objective, run.optim, 10, lambda k: model_lib.init_params(run.model, k), mesh, BATCH_KEYS,
+                        jax.random.PRNGKey(0))
+    return run, mesh, objective, steps
 
 
 def estimate_of(overrides: dict) -> memory.Estimate:
-    run, mesh, objective, _, _, abstract, sh = planned(overrides)
-    return memory.estimate_train_step(run.model, abstract, sh, mesh, batch_size=run.data.batch_size,
-                                      max_length=run.data.max_length, grad_accum=run.optim.grad_accum_steps,
-                                      forward_passes=objective.forward_passes, async_checkpointing=False)
+    run, mesh, objective, steps = planned(overrides)
+    return memory.estimate_train_step(run.model, steps.abstract_state, steps.shardings, mesh,
+                                      batch_size=run.data.batch_size, max_length=run.data.max_length,
+                                      grad_accum=run.optim.grad_accum_steps, forward_passes=objective.forward_passes,
+                                      async_checkpointing=False)
 
 
 def compiled_peak(overrides: dict) -> int:
     """The compiled train step's per-device peak: arguments + outputs − donated + temporaries."""
-    run, mesh, objective, optimizer, mask, abstract, sh = planned(overrides)
-    steps = StepCache(make_train_step(objective, optimizer, run.optim, 10, mesh, mask),
-                      make_eval_step(objective, 10, mesh), sh, None, mesh, BATCH_KEYS)
+    run, mesh, objective, steps = planned(overrides)
     b, length = run.data.batch_size, run.data.max_length
     batch = {k: jax.ShapeDtypeStruct((b, length), bool if k == "answer_mask" else jnp.int32,
                                      sharding=shd.batch_sharding(mesh)) for k in BATCH_KEYS}
-    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, sh)
-    return target.memory(steps.train(objective.static_at(0, 10)).lower(state, None, batch).compile())["total"]
+    state = abstract_like(steps.abstract_state, steps.shardings)
+    return target.memory(steps.cache.train(objective.static_at(0, 10)).lower(state, None, batch).compile())["total"]
 
 
 @pytest.mark.parametrize("overrides", [
@@ -89,11 +87,10 @@ def test_a_save_counts_the_state_and_its_host_copy():
     """Saving copies the state into host memory: asynchronously beside the next steps (a part of the step's
     estimate), synchronously between steps (the peak is the larger of the step and twice the state)."""
     # Qwen3's vocabulary on a tiny model at one short row: the state outweighs the step's temporaries.
-    run, mesh, objective, _, _, abstract, sh = planned({"mesh.num_devices": 1, "data.batch_size": 1,
-                                                        "data.max_length": 4, "model.vocab_size": 151936,
-                                                        "model.dtype": "bfloat16"})
+    run, mesh, objective, steps = planned({"mesh.num_devices": 1, "data.batch_size": 1, "data.max_length": 4,
+                                           "model.vocab_size": 151936, "model.dtype": "bfloat16"})
     of = lambda asynchronous: memory.estimate_train_step(  # noqa: E731
-        run.model, abstract, sh, mesh, batch_size=1, max_length=4, grad_accum=1,
+        run.model, steps.abstract_state, steps.shardings, mesh, batch_size=1, max_length=4, grad_accum=1,
         forward_passes=objective.forward_passes, async_checkpointing=asynchronous)
     sync, asynchronous = of(False), of(True)
     state = sync.parts["state"]

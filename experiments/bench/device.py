@@ -6,202 +6,59 @@
 1. **train**: tokens/s and MFU of the real train step (`zarya_jax.train.step`: Zarya slotted loss, AdamW,
    fp32 master weights, state donated) for `--preset` (qwen3-0.6b) in bf16 at `--seq` 2048 × `--train-batch`
    rows, random weights and tokens, `--attention` (auto: cuDNN flash attention on a GPU, splash on a TPU),
-   remat on; median step time over `--steps` after the compile. MFU = model FLOPs (6N + attention, as in
-   training logs) ÷ the device's bf16 peak (`train.metrics.PEAK_FLOPS`).
-2. **window**: the cost of one cached forward pass (`sampling.passes.decode_pass`, cache donated) against
-   its window size W in `--windows` (1 … 64 rows) at batch 1 and 64, against `--context` committed cache
-   rows: ms per pass and the ratio to W = 1 — the curve that turns tokens per forward pass (what
-   `experiments.evaluate` reports per mode) into wall-clock speed.
-3. **decode**: AR decode tokens/s (`generate(mode="ar")`, greedy, `--new-tokens` per row after a
-   `--context`-token prompt, compile excluded, best of `--repeats`) at batch 1 and 64, next to the HBM
-   roofline: a decode pass must read every weight once plus the rows' KV cache, so it takes at least
-   (weight bytes + mean cache bytes) ÷ bandwidth (`train.metrics.HBM_BANDWIDTH`, or `--bandwidth`), and
-   the roofline is batch ÷ that time. In the same run, two-pass self-speculation (`--draft-length` F)
-   and fused self-speculation (one pass per cycle, `--fused-k` K) decode the same prompts: their tokens/s
-   and ms per pass next to AR's. The weights are random, so drafts are rejected and a cycle yields about
-   one token: the rows measure what a cycle costs against an AR step (`pass_vs_ar`); a trained model's
-   tokens/s is about its tokens per forward (`experiments.evaluate`) ÷ ms per pass.
+   remat on, after the compile.
+2. **window**: the cost of one cached forward pass against its window size W in `--windows` (1 … 64 rows) at
+   batch 1 and 64, against `--context` committed cache rows: ms per pass and the ratio to W = 1.
+3. **decode**: AR decode tokens/s (`--new-tokens` per row after a `--context`-token prompt, best of `--repeats`)
+   at batch 1 and 64, next to the HBM roofline (`--bandwidth`, default the device table), and in the same run
+   two-pass (`--draft-length` F) and fused (`--fused-k` K) self-speculation: their cost per pass against AR's.
 
 Targets on one H200 (docs/benchmarks.md): train MFU ≥ 40 %; AR decode at batch 1 ≥ 70 % of the roofline; a W = 8
-pass ≤ 1.2× a W = 1 pass at batch 1. Parts left when `--budget-s` is spent are recorded as skipped.
+pass ≤ 1.2× a W = 1 pass at batch 1. Parts left when `--budget-s` is spent are recorded as skipped. The
+measurement: `zarya_jax.bench.device`.
 """
 from __future__ import annotations
 
 import argparse
-import functools
-import statistics
-import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+from zarya_jax.bench import device
 
-from zarya_jax.nn import kv_cache
-from zarya_jax import model as model_lib
-from zarya_jax.sampling import GenerationConfig, generate
-from zarya_jax.sampling.mode import Mode
-from zarya_jax.sampling.modes import mode as mode_of
-from zarya_jax.sampling import passes
-from zarya_jax.train import sharding as shd
-from zarya_jax.train.metrics import hbm_bandwidth
+from .harness import csv_ints
 
-from .harness import csv_ints, markdown_table
-from .train import measure, model_config
-
-SMOKE = {"preset": "tiny", "seq": 128, "train_batch": 4, "steps": 2, "windows": [1, 4], "batches": [2],
-         "context": 32, "new_tokens": 8, "repeats": 1, "dtype": "float32"}
+D = device.DeviceSettings()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--smoke", action="store_true", help="a seconds-long CPU run with the tiny preset (the test)")
-    p.add_argument("--preset", default="qwen3-0.6b")
-    p.add_argument("--dtype", default="bfloat16", help="compute dtype")
-    p.add_argument("--attention", default="auto", help="train-step attention backend")
-    p.add_argument("--seq", type=int, default=2048, help="train sequence length")
-    p.add_argument("--train-batch", type=int, default=16, help="train rows per step")
-    p.add_argument("--steps", type=int, default=10, help="timed train steps after the compile")
-    p.add_argument("--windows", type=csv_ints, default=[1, 2, 4, 8, 16, 32, 64], help="window sizes of a pass")
-    p.add_argument("--batches", type=csv_ints, default=[1, 64], help="batch sizes of the window and decode parts")
-    p.add_argument("--context", type=int, default=1024, help="committed cache rows (window part); prompt tokens (decode)")
-    p.add_argument("--new-tokens", type=int, default=256, help="AR tokens per row (decode part)")
-    p.add_argument("--draft-length", type=int, default=8, help="F of two-pass self-speculation (decode part)")
-    p.add_argument("--fused-k", type=int, default=4, help="K of fused self-speculation (decode part)")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--bandwidth", type=float, default=0.0, help="memory bytes/s (default: the device table)")
-    p.add_argument("--budget-s", type=float, default=450.0, help="skip the parts left after this many seconds")
+    p.add_argument("--preset", default=D.preset)
+    p.add_argument("--dtype", default=D.dtype, help="compute dtype")
+    p.add_argument("--attention", default=D.attention, help="train-step attention backend")
+    p.add_argument("--seq", type=int, default=D.seq, help="train sequence length")
+    p.add_argument("--train-batch", type=int, default=D.train_batch, help="train rows per step")
+    p.add_argument("--steps", type=int, default=D.steps, help="timed train steps after the compile")
+    p.add_argument("--windows", type=csv_ints, default=list(D.windows), help="window sizes of a pass")
+    p.add_argument("--batches", type=csv_ints, default=list(D.batches),
+                   help="batch sizes of the window and decode parts")
+    p.add_argument("--context", type=int, default=D.context,
+                   help="committed cache rows (window part); prompt tokens (decode)")
+    p.add_argument("--new-tokens", type=int, default=D.new_tokens, help="AR tokens per row (decode part)")
+    p.add_argument("--draft-length", type=int, default=D.draft_length,
+                   help="F of two-pass self-speculation (decode part)")
+    p.add_argument("--fused-k", type=int, default=D.fused_k, help="K of fused self-speculation (decode part)")
+    p.add_argument("--repeats", type=int, default=D.repeats)
+    p.add_argument("--bandwidth", type=float, default=D.bandwidth, help="memory bytes/s (default: the device table)")
+    p.add_argument("--budget-s", type=float, default=D.budget_s, help="skip the parts left after this many seconds")
 
 
-def _settings(args) -> argparse.Namespace:
-    s = vars(args).copy()
-    if args.smoke:
-        s.update(SMOKE)
-    for name in ("seq", "train_batch", "steps", "context", "new_tokens", "repeats", "draft_length", "fused_k"):
-        if s[name] < 1:
-            raise ValueError(f"--{name.replace('_', '-')}={s[name]}: expected a positive integer")
-    model_config(s["preset"], dtype=s["dtype"], attention=s["attention"])  # a bad name is a ConfigError here
-    return argparse.Namespace(**s)
-
-
-def weight_bytes(cfg) -> int:
-    """Bytes one forward pass reads from the weights in the compute dtype (the tied head reads the embedding)."""
-    return cfg.num_params() * jnp.dtype(cfg.jnp_dtype).itemsize
-
-
-def cache_bytes_per_row(cfg, rows: float) -> float:
-    """Bytes of K and V for `rows` cached tokens of one sequence."""
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * rows * jnp.dtype(cfg.jnp_dtype).itemsize
-
-
-def roofline_tokens_per_s(cfg, batch: int, prompt: int, new_tokens: int, bandwidth: float) -> float:
-    """AR decode at the memory roofline: each pass reads the weights once and each row's cache (on
-    average prompt + new_tokens / 2 rows), and yields one token per row."""
-    bytes_per_pass = weight_bytes(cfg) + batch * cache_bytes_per_row(cfg, prompt + new_tokens / 2)
-    return batch / (bytes_per_pass / bandwidth)
-
-
-def window_costs(cfg, params, batches, windows, context: int, repeats: int) -> list[dict]:
-    """ms per cached pass for each (batch, window), the cache holding `context` rows (reset each call)."""
-    out = []
-    for b in batches:
-        base = None
-        for w in windows:
-            cache = kv_cache.init(cfg, b, context + w)
-            tokens = jnp.zeros((b, w), jnp.int32)
-            positions = context + jnp.broadcast_to(jnp.arange(w, dtype=jnp.int32), (b, w))
-            times = []
-            for i in range(repeats + 1):  # the first call compiles
-                cache = dict(cache, length=jnp.full((b,), context, jnp.int32))  # donated with the cache
-                t0 = time.perf_counter()
-                logits, cache = passes.decode_pass(params, cache, tokens, positions, config=cfg)
-                jax.block_until_ready(logits)
-                times.append(time.perf_counter() - t0)
-            ms = 1e3 * statistics.median(times[1:])
-            base = base or ms
-            out.append({"batch": b, "window": w, "ms_per_pass": ms, "vs_window_1": ms / base,
-                        "ms_per_token_row": ms / w})
-    return out
-
-
-def decode_modes(draft_length: int, fused_k: int) -> dict[str, Mode]:
-    """The decode part's modes, by name, with their knobs."""
-    return {"ar": mode_of("ar"), "spec-self": mode_of("spec-self", draft_length=draft_length),
-            "spec-self-fused": mode_of("spec-self-fused", draft_length=fused_k)}
-
-
-def decode_speed(cfg, params, batch: int, prompt: int, new_tokens: int, repeats: int, bandwidth,
-                 knobs: Mode | None = None) -> dict:
-    """Decode tokens/s of one mode (`knobs`: the mode with its knobs, default AR)."""
-    knobs = knobs or mode_of("ar")
-    mode = knobs.name
-    gc = GenerationConfig(mode=knobs, max_new_tokens=new_tokens, stop_at_eos=False, prompt_bucket=prompt)
-    rng = np.random.default_rng(0)
-    prompts = [rng.integers(0, min(cfg.vocab_size, 256), prompt).tolist() for _ in range(batch)]
-    generate(params, cfg, prompts, gc, jax.random.PRNGKey(0))  # compile
-    seconds, tokens, passes = min(_timed_generate(params, cfg, prompts, gc) for _ in range(repeats))
-    tps = tokens / seconds
-    row = {"mode": mode, "batch": batch, "prompt": prompt, "new_tokens": new_tokens, "seconds": seconds,
-           "tokens_per_s": tps, "passes": passes, "ms_per_pass": 1e3 * seconds / passes}
-    if bandwidth and mode == "ar":
-        roof = roofline_tokens_per_s(cfg, batch, prompt, new_tokens, bandwidth)
-        row.update(roofline_tokens_per_s=roof, fraction_of_roofline=tps / roof)
-    return row
-
-
-def _timed_generate(params, cfg, prompts, gc) -> tuple[float, int, int]:
-    """(seconds, generated tokens, passes of the compiled loop) of one `generate` call (it returns host
-    arrays: the work is done)."""
-    t0 = time.perf_counter()
-    out = generate(params, cfg, prompts, gc, jax.random.PRNGKey(1))
-    return time.perf_counter() - t0, int(out.lengths.sum()), out.stats["loop_passes"]
+def settings(args) -> device.DeviceSettings:
+    s = device.DeviceSettings(
+        preset=args.preset, dtype=args.dtype, attention=args.attention, seq=args.seq, train_batch=args.train_batch,
+        steps=args.steps, windows=tuple(args.windows), batches=tuple(args.batches), context=args.context,
+        new_tokens=args.new_tokens, draft_length=args.draft_length, fused_k=args.fused_k, repeats=args.repeats,
+        bandwidth=args.bandwidth, budget_s=args.budget_s)
+    return device.smoke(s) if args.smoke else s
 
 
 def run(args) -> tuple[dict, str]:
     """`python -m experiments.bench device`: argparse namespace → (results, markdown)."""
-    s = _settings(args)
-    start = time.perf_counter()
-    device = jax.devices()[0]
-    bandwidth, bw_note = hbm_bandwidth(device, s.bandwidth)
-    results = {"device": device.device_kind, "platform": device.platform, "device_count": jax.device_count(),
-               "preset": s.preset, "dtype": s.dtype, "bandwidth_note": bw_note, "smoke": bool(args.smoke),
-               "skipped": []}
-
-    def due(part: str) -> bool:
-        if time.perf_counter() - start > s.budget_s:
-            results["skipped"].append(part)
-            return False
-        return True
-
-    one_device = shd.MeshConfig(data=1, fsdp=1, tensor=1, num_devices=1)
-    if due("train"):
-        results["train"] = measure(s.preset, s.train_batch, s.seq, s.steps, mesh=one_device, dtype=s.dtype,
-                                   attention=s.attention, remat=True)
-    cfg = model_config(s.preset, dtype=s.dtype, param_dtype=s.dtype)  # inference: weights in the compute dtype
-    params = functools.cache(lambda: jax.jit(model_lib.init_params, static_argnums=0)(cfg, jax.random.PRNGKey(0)))
-    if due("window"):
-        results["window"] = window_costs(cfg, params(), s.batches, s.windows, s.context, s.repeats)
-    results["decode"] = []
-    for b in s.batches:
-        ar_ms = None
-        for mode, knobs in decode_modes(s.draft_length, s.fused_k).items():
-            if due(f"decode {mode} batch {b}"):
-                row = decode_speed(cfg, params(), b, s.context, s.new_tokens, s.repeats, bandwidth, knobs)
-                ar_ms = row["ms_per_pass"] if mode == "ar" else ar_ms
-                row["pass_vs_ar"] = row["ms_per_pass"] / ar_ms if ar_ms else None
-                results["decode"].append(row)
-    results["seconds"] = time.perf_counter() - start
-
-    md = [f"Device: {results['device']} ({results['platform']}); {s.preset}, {s.dtype}; memory: {bw_note}", ""]
-    if "train" in results:
-        t = results["train"]
-        md.append(f"Train step ({t['batch']}×{t['length']}, attention {t['attention']}): {t['tokens_per_s']:.0f} "
-                  f"tokens/s, MFU {t['mfu']:.1%} ({t['peak_note']}); compile {t['compile_s']:.0f} s\n")
-    if "window" in results:
-        md += ["Cached forward pass vs window:", "", markdown_table(results["window"], [
-            "batch", "window", "ms_per_pass", "vs_window_1", "ms_per_token_row"])]
-    if results["decode"]:
-        md += ["Decode (AR, two-pass and fused self-speculation; random weights, so a cycle yields ~1 token):", "",
-               markdown_table(results["decode"], ["mode", "batch", "prompt", "new_tokens", "tokens_per_s", "ms_per_pass",
-                                                  "pass_vs_ar", "roofline_tokens_per_s", "fraction_of_roofline"])]
-    if results["skipped"]:
-        md.append(f"Skipped (time budget): {', '.join(results['skipped'])}")
-    return results, "\n".join(md)
+    return device.run(settings(args))

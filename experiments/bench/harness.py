@@ -1,29 +1,20 @@
-"""The benchmark harness: the one command line (`python -m experiments.bench NAME ...`), the timing
-helpers every benchmark uses, and the result files.
+"""The benchmarks' command line (`python -m experiments.bench NAME ...`): flag parsing shared by the subcommands
+and `main`. What they measure lives in `zarya_jax.bench`.
 
-A benchmark is a module with `add_arguments(parser)` and `run(args) -> (results dict, markdown)`;
-`main` parses `--out DIR` (before or after the subcommand) and the subcommand, runs it, writes `DIR/NAME.json` (with the code's
-provenance: commit, dirty tree, package versions, machine) and `DIR/NAME.md` atomically and prints the
-Markdown. Bad options print one `error:` line and exit with status 2 (`--out` is checked writable before
-the benchmark runs).
-
-A comparison with another library times each side in a process of its own while the other side is
-idle (`alternate`, `side_main`): XLA's CPU worker threads keep spinning for a while after each JAX
-call, and PyTorch's share the same cores, so two libraries timed in one process slow each other down.
+A subcommand is a module with `add_arguments(parser)` and `run(args) -> (results dict, markdown)`, which parses
+its flags into the benchmark's settings and makes one library call; `main` parses `--out DIR` (before or after
+the subcommand) and the subcommand, runs it, writes `DIR/NAME.json` (with the code's provenance: commit, dirty
+tree, package versions, machine) and `DIR/NAME.md` atomically and prints the Markdown. Bad options print one
+`error:` line and exit with status 2 (`--out` is checked writable before the benchmark runs).
 """
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
-import statistics
-import time
-from typing import Any, Callable
 
-from zarya_jax.files import atomic_write, atomic_write_json, check_output, check_writable_dir
-from zarya_jax.provenance import provenance
+from zarya_jax.bench.baseline import HF_ATTENTION
+from zarya_jax.bench.results import write_results
+from zarya_jax.files import check_output, check_writable_dir
+from zarya_jax.train import sharding as shd
 
 from .. import cli
 
@@ -39,9 +30,14 @@ def csv_ints(text: str) -> list[int]:
     return values
 
 
-def check_positive(args, names) -> None:
-    """Raises ValueError naming the first of `names` (argparse dests) that is not a positive integer."""
-    for name in names:
+def names(text: str) -> tuple[str, ...]:
+    """'a,b,' -> ('a', 'b'): a comma-separated list, blanks dropped."""
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+def check_positive(args, dests) -> None:
+    """Raises ValueError naming the first of `dests` (argparse dests) that is not a positive integer."""
+    for name in dests:
         if getattr(args, name) <= 0:
             raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)}: expected a positive integer")
 
@@ -52,58 +48,23 @@ def check_heads(hidden: int, heads: int, kv_heads: int) -> None:
                          "by heads and heads by kv-heads")
 
 
-def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    """(fn(), wall seconds). `fn` must block until its result is ready (`jax.block_until_ready`)."""
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0
-
-
-def timings(fn: Callable[[], Any], repeats: int) -> list[float]:
-    """Wall seconds of `repeats` calls of `fn` (which must block until its result is ready)."""
-    return [timed(fn)[1] for _ in range(repeats)]
-
-
-def markdown_table(rows: list[dict], columns: list[str]) -> str:
-    def fmt(v):
-        if isinstance(v, float):
-            return f"{v:.4g}"
-        return str(v)
-
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in columns) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
-
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def worker(module: str, argv: list[str], env: dict | None = None) -> Any:
-    """Runs `python -m module argv…` from the repository root and returns the JSON of its last stdout line."""
-    out = subprocess.run([sys.executable, "-m", module, *argv], env=env, capture_output=True, text=True, check=False,
-                         cwd=REPO)
-    if out.returncode:
-        raise RuntimeError(f"{module} {' '.join(argv[:2])} worker failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def cpu_worker(module: str, argv: list[str], devices: int) -> Any:
-    """`worker` on `devices` virtual CPU devices (the XLA flag must be set before JAX starts, hence a process
-    of its own)."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}").strip()
-    return worker(module, argv, env)
-
-
-HF_ATTENTION = ("eager", "sdpa")  # transformers' attention implementations a baseline is timed with
+def mesh_config(text: str) -> shd.MeshConfig:
+    """`--mesh data,fsdp,tensor` (one may be -1); '' is FSDP over every device."""
+    if not text:
+        return shd.MeshConfig(data=1, fsdp=-1, tensor=1)
+    try:
+        data, fsdp, tensor = (int(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"--mesh {text!r}: expected three comma-separated sizes data,fsdp,tensor") from None
+    return shd.MeshConfig(data=data, fsdp=fsdp, tensor=tensor)
 
 
 def hf_attention(text: str) -> tuple[str, ...]:
     """`--hf-attention`: a non-empty comma-separated subset of `HF_ATTENTION`."""
-    names = tuple(a.strip() for a in text.split(",") if a.strip())
-    if not names or any(a not in HF_ATTENTION for a in names):
+    chosen = names(text)
+    if not chosen or any(a not in HF_ATTENTION for a in chosen):
         raise ValueError(f"--hf-attention={text!r}: expected a comma-separated subset of {','.join(HF_ATTENTION)}")
-    return names
+    return chosen
 
 
 def add_baseline_arguments(p: argparse.ArgumentParser) -> None:
@@ -115,55 +76,10 @@ def add_baseline_arguments(p: argparse.ArgumentParser) -> None:
                    help="PyTorch thread counts to time HF with (default: as many as XLA uses, and 1)")
 
 
-def cpu_threads() -> int:
-    """The cores this process may run on: XLA's CPU thread pool uses them all."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def hf_threads(counts: list[int] | None) -> tuple[int, ...]:
-    """`--hf-threads`: PyTorch thread counts to time the baseline with. Default: as many as XLA uses and 1 (on
-    a busy machine a single PyTorch thread can beat several that wait for each other at every op)."""
-    return tuple(dict.fromkeys(counts or (cpu_threads(), 1)))
-
-
-def hf_setups(attention: tuple[str, ...], threads: tuple[int, ...]) -> list[tuple[str, str, int]]:
-    """(name, attention implementation, PyTorch threads) of each configuration the HF baseline is timed in."""
-    return [(f"{a}, {t} thread{'s' if t > 1 else ''}", a, t) for t in threads for a in attention]
-
-
-def alternate(module: str, sides: dict[str, dict], rounds: int) -> dict[str, list]:
-    """Runs `python -m module --side S --kwargs JSON` (see `side_main`) for each side S of `sides` (name ->
-    keyword arguments) in turn, `rounds` times (A, B, A, B, …), each child alone on the machine; returns
-    {side: [the child's result per round]}."""
-    runs: dict[str, list] = {side: [] for side in sides}
-    for _ in range(rounds):
-        for side, kwargs in sides.items():
-            runs[side].append(worker(module, ["--side", side, "--kwargs", json.dumps(kwargs)]))
-    return runs
-
-
-def side_main(measures: dict[str, Callable[..., dict]], argv=None) -> int:
-    """The child of `alternate`: `--side NAME --kwargs JSON` calls `measures[NAME](**kwargs)` and prints its
-    result as one JSON line."""
-    p = argparse.ArgumentParser(description="one side of a benchmark, timed in a process of its own")
-    p.add_argument("--side", choices=sorted(measures), required=True)
-    p.add_argument("--kwargs", type=json.loads, default={}, help="the measuring function's keyword arguments")
-    args = p.parse_args(argv)
-    print(json.dumps(measures[args.side](**args.kwargs)))
-    return 0
-
-
-def pooled(per_round: list[list[float]]) -> dict:
-    """{'median_s', 'min_s', 'calls'} over the timed calls of every round."""
-    calls = [t for times in per_round for t in times]
-    return {"median_s": statistics.median(calls), "min_s": min(calls), "calls": len(calls)}
-
-
-def write_results(out_dir: str, name: str, results: dict, markdown: str) -> None:
-    """`out_dir/name.json` (`results` and the code's provenance) and `out_dir/name.md`, each written
-    atomically."""
-    atomic_write_json(f"{out_dir}/{name}.json", {**results, "provenance": provenance()})
-    atomic_write(f"{out_dir}/{name}.md", markdown)
+def baseline_settings(args) -> dict:
+    """The settings of a comparison with the HF baseline, from `add_baseline_arguments`' flags and `--no-hf`."""
+    return dict(hf=not args.no_hf, rounds=args.rounds, hf_attention=hf_attention(args.hf_attention),
+                hf_threads=None if args.hf_threads is None else tuple(args.hf_threads))
 
 
 def main(benchmarks: dict, argv=None, description: str = "") -> int:

@@ -6,70 +6,17 @@ Times three jitted functions on the same packed batch, side by side:
   step        the full `value_and_grad(zarya_loss)` (transform + model + loss)
 
     python -m experiments.bench transforms --preset tiny --batch 8 --length 256
+
+The measurement: `zarya_jax.bench.transforms`.
 """
 from __future__ import annotations
 
 import argparse
-import statistics
 
-import jax
-import numpy as np
+from zarya_jax.bench import transforms
+from zarya_jax.config import preset
 
-from zarya_jax import model as model_lib
-from zarya_jax.config import ZaryaConfig, preset
-from zarya_jax.data.batch import make_batch_rows
-from zarya_jax.objectives.losses import loss_from_logits, transform, zarya_loss
-
-from .harness import check_positive, markdown_table, timings
-
-MODES = {
-    "slotted": ZaryaConfig(ordered_sampling=True, sequential_shuffle=True, diffusion_shuffle=True),
-    "noise": ZaryaConfig(slotted_training=False, grouped_noise=True, noise_sorting=True, ordered_sampling=True,
-                         sequential_shuffle=True, diffusion_shuffle=True, antithetic_sampling=True),
-    "noise_bernoulli": ZaryaConfig(slotted_training=False),
-}
-
-
-def random_batch(rows: int, length: int, vocab: int, seed: int = 0) -> dict:
-    """A packed batch of random prompt/answer examples filling `rows` rows of `length` tokens."""
-    rng = np.random.default_rng(seed)
-    examples = []
-    for _ in range(rows * 8):
-        p = int(rng.integers(1, max(2, length // 8)))
-        a = int(rng.integers(1, max(2, length // 2)))
-        ids = rng.integers(0, min(vocab, 256), size=min(p + a, length))
-        examples.append((ids[:p].tolist(), ids[p:].tolist()))
-    batch, _ = make_batch_rows(examples, length, 0, rows, pack=True)
-    return batch
-
-
-def _time(fn, *args, iters: int) -> float:
-    call = lambda: jax.block_until_ready(fn(*args))  # noqa: E731
-    call()  # compile + warm up
-    return statistics.median(timings(call, iters))
-
-
-def bench(model_config, zarya_config: ZaryaConfig, batch: dict, slot_size: int, iters: int = 20) -> dict:
-    """Median seconds of transform, model fwd+bwd and full step; usable from other benchmarks."""
-    params = model_lib.init_params(model_config, jax.random.PRNGKey(0))
-    mask_id = model_config.mask_token_id
-    key = jax.random.PRNGKey(1)
-    batch = {k: jax.numpy.asarray(v) for k, v in batch.items()}
-
-    f_transform = jax.jit(lambda k, b: transform(k, b, zarya_config, slot_size, mask_id))
-    inputs = jax.block_until_ready(f_transform(key, batch))
-
-    def model_loss(p, inp):
-        logits, _ = model_lib.apply(p, model_config, inp["tokens"], inp["positions"], segment_ids=inp["segment_ids"])
-        return loss_from_logits(logits, inp, zarya_config, slot_size)
-
-    f_model = jax.jit(jax.value_and_grad(model_loss, has_aux=True))
-    f_step = jax.jit(jax.value_and_grad(zarya_loss, has_aux=True), static_argnums=(1, 2, 5))
-    t_transform = _time(f_transform, key, batch, iters=iters)
-    t_model = _time(f_model, params, inputs, iters=iters)
-    t_step = _time(f_step, params, model_config, zarya_config, batch, key, slot_size, iters=iters)
-    return {"transform_s": t_transform, "model_fwd_bwd_s": t_model, "step_s": t_step,
-            "transform_over_model": t_transform / t_model, "step_overhead": t_step / t_model - 1.0}
+from .harness import check_positive, names
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -77,28 +24,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=8, help="rows per batch")
     p.add_argument("--length", type=int, default=256, help="row length L")
     p.add_argument("--slot-size", type=int, default=8, help="slot size for the slotted mode")
-    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {list(MODES)}")
+    p.add_argument("--modes", default=",".join(transforms.MODES),
+                   help=f"comma-separated subset of {list(transforms.MODES)}")
     p.add_argument("--iters", type=int, default=20, help="timed iterations (median reported)")
 
 
 def run(args) -> tuple[dict, str]:
     """`python -m experiments.bench transforms`: argparse namespace → (results, markdown)."""
-    config = preset(args.preset)
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = [m for m in modes if m not in MODES]
-    if bad:
-        raise ValueError(f"--modes: unknown {bad}; expected a subset of {list(MODES)}")
+    preset(args.preset)  # an unknown preset is the first error
+    s = transforms.TransformSettings(preset=args.preset, batch=args.batch, length=args.length,
+                                     slot_size=args.slot_size, modes=names(args.modes), iters=args.iters)
+    s.check()
     check_positive(args, ("batch", "length", "slot_size", "iters"))
-    if config.mask_token_id is None:  # presets carry the base vocabulary: use its last id as the mask
-        config = config.replace(mask_token_id=config.vocab_size - 1)
-    batch = random_batch(args.batch, args.length, config.vocab_size)
-    rows = []
-    for mode in modes:
-        r = bench(config, MODES[mode], batch, args.slot_size, args.iters)
-        rows.append({"mode": mode, "transform_ms": 1e3 * r["transform_s"], "fwd_bwd_ms": 1e3 * r["model_fwd_bwd_s"],
-                     "step_ms": 1e3 * r["step_s"], "transform_over_fwd_bwd_pct": 100 * r["transform_over_model"],
-                     **r})
-    head = (f"Transforms, device {jax.devices()[0].platform}, preset {args.preset}, batch {args.batch} × length "
-            f"{args.length}, answer tokens {int(batch['answer_mask'].sum())}, median of {args.iters}\n\n")
-    md = head + markdown_table(rows, ["mode", "transform_ms", "fwd_bwd_ms", "step_ms", "transform_over_fwd_bwd_pct"])
-    return {"args": vars(args), "results": {r["mode"]: r for r in rows}}, md
+    rows, answer_tokens = transforms.measure(s)
+    return {"args": vars(args), "results": {r["mode"]: r for r in rows}}, transforms.markdown(rows, answer_tokens, s)
