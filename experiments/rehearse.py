@@ -295,19 +295,22 @@ def rehearse(workdir: str, *, hidden: int = 128, layers: int = 2, steps: int = 3
         _call(hf_to_jax.main, ["--hf-dir", p("hf"), "--out", p("ckpt"), "--add-mask-token"], "hf_to_jax")
         check_mask_row(p("hf"), p("ckpt"))
     run_sets = ["data.chat_template=true", "data.enable_thinking=false", "data.prompt_key=question",
-                f"data.train={train_file}", "data.max_length=96", "data.batch_size=4", "data.eval_fraction=0",
+                f"data.train={train_file}", "data.max_length=96", "data.eval_fraction=0",
                 "train.eval_every=0", "train.save_every=0", "train.log_every=1", "train.progress_bar=false",
-                "train.async_checkpointing=false", "optim.warmup_steps=0", "mesh.num_devices=1"]
+                "train.async_checkpointing=false", "mesh.num_devices=1"]
     sets = lambda extra: [a for s in run_sets + extra for a in ("--set", s)]
     with meter.stage("train"):
         _call(train.main, ["--config", "tiny", "--workdir", p("train"), "--init-from", p("ckpt"),
                            *sets([f"data.tokenizer={p('ckpt', 'tokenizer')}", f"train.steps={steps}",
-                                  "zarya.slot_size_set=2,4", "zarya.slot_step_borders=0.5,1.0"])], "train")
+                                  "data.batch_size=4", "optim.warmup_steps=0", "zarya.slot_size_set=2,4",
+                                  "zarya.slot_step_borders=0.5,1.0"])], "train")
     final = p("train", "final")
     with meter.stage("drafter"):
         _call(train_drafter.main, ["--base", final, "--workdir", p("drafter"),
-                                   *sets([f"data.tokenizer={p('ckpt', 'tokenizer')}", f"train.steps={steps}",
-                                          "lora.rank=4", "lora.alpha=8", "drafter.block_sizes=2,4"])], "train_drafter")
+                                   *sets([f"data.tokenizer={p('ckpt', 'tokenizer')}", f"drafter.steps={steps}",
+                                          "drafter.batch_size=4", "drafter.optim.warmup_steps=0",
+                                          "drafter.lora.rank=4", "drafter.lora.alpha=8",
+                                          "drafter.objective.block_sizes=2,4"])], "train_drafter")
     with meter.stage("evaluate"):
         _call(evaluate.main, ["--ckpt", final, "--data", test_file, "--modes", ",".join(MODES), "--lora",
                               p("drafter", "adapter"), "--max-new-tokens", max_new_tokens, "--batch-size", 2,

@@ -180,14 +180,14 @@ CASES = [
     ("drafter/base-truncated", train_drafter, "--base {truncated} --workdir {root}/w --set data.train={data}",
      "is damaged"),
     ("drafter/mask-noise", train_drafter, "--base {nomask} --workdir {root}/w --set data.train={data} "
-     "--set lora.noise=mask", "--add-mask-token"),
-    ("drafter/unknown-key", train_drafter, "--base {ckpt} --workdir {root}/w --set lora.rnk=4", "lora.rnk"),
+     "--set drafter.lora.noise=mask", "--add-mask-token"),
+    ("drafter/unknown-key", train_drafter, "--base {ckpt} --workdir {root}/w --set drafter.lora.rnk=4", "drafter.lora.rnk"),
     ("drafter/layers-name", train_drafter, "--base {ckpt} --workdir {root}/w --set data.train={data} "
-     "--set lora.layers=middle", "LoraConfig.layers='middle'"),
+     "--set drafter.lora.layers=middle", "LoraConfig.layers='middle'"),
     ("drafter/layers-beyond", train_drafter, "--base {ckpt} --workdir {root}/w --set data.train={data} "
-     "--set lora.layers=0,99", "LoraConfig.layers=(0, 99)"),
+     "--set drafter.lora.layers=0,99", "LoraConfig.layers=(0, 99)"),
     ("drafter/dcd-passes", train_drafter, "--base {ckpt} --workdir {root}/w --set data.train={data} "
-     "--set drafter.objective=dcd --set dcd.passes=1", "dcd.passes=1"),
+     "--set drafter.objective.objective=dcd --set drafter.dcd.passes=1", "dcd.passes=1"),
     ("drafter/workdir-file", train_drafter, "--base {ckpt} --workdir {file} --set data.train={data}",
      "not a directory"),
     # ---- python -m experiments.generate
@@ -255,7 +255,7 @@ CASES = [
     ("quickstart/ckpt-truncated", quickstart, "--smoke --workdir {root}/q --ckpt {truncated}", "is damaged"),
     ("quickstart/eval-batch-0", quickstart, "--smoke --workdir {root}/q --set eval.batch_size=0", "eval.batch_size=0"),
     ("quickstart/knob-other-mode", quickstart, "--smoke --workdir {root}/q --set eval.knobs.ar.slot_size=4",
-     "unknown config key 'eval.knobs.ar.slot_size'"),
+     "eval.knobs.ar.slot_size: mode 'ar' has no field 'slot_size'; its fields are []"),
     ("quickstart/knob-range", quickstart, "--smoke --workdir {root}/q --set eval.knobs.slotted.slot_size=0",
      "slot_size=0"),
     ("quickstart/bad-regex", quickstart, "--smoke --workdir {root}/q --set eval.answer=regex "
@@ -291,9 +291,9 @@ CASES = [
     ("bench/generate-batch", bench, "--out {root}/b generate --batch-sizes 0", "positive integers"),
     ("bench/generate-modes", bench, "--out {root}/b generate --modes beam", "--modes 'beam'"),
     ("bench/generate-flipped", bench, "--out {root}/b generate --ckpt {flipped} --no-hf", "is damaged"),
-    ("bench/spec-drafters", bench, "--out {root}/b spec --drafters x", "--drafters='x'"),
+    ("bench/spec-modes", bench, "--out {root}/b spec --modes x", "--modes='x'"),
     ("bench/spec-passes", bench, "--out {root}/b spec --draft-passes 0", "--draft-passes='0'"),
-    ("bench/spec-ckpt-missing", bench, "--out {root}/b spec --ckpt {root}/nope --drafters self", "does not exist"),
+    ("bench/spec-ckpt-missing", bench, "--out {root}/b spec --ckpt {root}/nope --modes spec-self", "does not exist"),
     ("bench/out-file", bench, "--out {file} transforms", "not a directory"),
     ("bench/train-batch", bench, "--out {root}/b train --batch 0", "--batch=0"),
     ("bench/unknown", bench, "--out {root}/b nope", "invalid choice"),
@@ -365,7 +365,7 @@ CASES = [
     ("train/batch-int32", train, "--config tiny --workdir {root}/w --set data.train={data} "
      "--set data.batch_size=1e12", "batch_size=1000000000000"),
     ("drafter/alpha-nan", train_drafter, "--base {ckpt} --workdir {root}/w --set data.train={data} "
-     "--set lora.alpha=nan", "alpha=nan"),
+     "--set drafter.lora.alpha=nan", "alpha=nan"),
     ("sweep/set-nan", sweep, "{sweep[ok]} --dry-run --set zarya.alpha0=nan", "alpha0=nan"),
     ("tasks/seed-huge", tasks, "--out {root}/t --train 2 --test 2 --seed 8589934592", "--seed=8589934592"),
     ("bench/seed-negative", bench, "--out {root}/b forward --seed -5 --no-hf", "--seed=-5"),

@@ -117,10 +117,12 @@ def base_and_data(tmp_path_factory):
 def _config(data, start: float, *more: str):
     from zarya_jax.train import drafter as drafter_run
     return drafter_run.load_config("tiny", [
-        "lora.rank=8", "lora.alpha=64", "drafter.block_sizes=4", "drafter.objective=dcd", "dcd.passes=2",
-        "dcd.refresh_every=2", f"dcd.start={start}", f"data.train={data}", "data.max_length=24", "data.batch_size=4",
-        "data.chat_template=false", f"train.steps={STEPS}", "train.save_every=3", "train.eval_every=0",
-        "train.progress_bar=false", "train.async_checkpointing=false", "optim.warmup_steps=0", "optim.lr=0.01", "mesh.num_devices=2", *more])
+        "drafter.lora.rank=8", "drafter.lora.alpha=64", "drafter.objective.block_sizes=4",
+        "drafter.objective.objective=dcd", "drafter.dcd.passes=2", "drafter.dcd.refresh_every=2",
+        f"drafter.dcd.start={start}", f"data.train={data}", "data.max_length=24", "drafter.batch_size=4",
+        "data.chat_template=false", f"drafter.steps={STEPS}", "train.save_every=3", "train.eval_every=0",
+        "train.progress_bar=false", "train.async_checkpointing=false", "drafter.optim.warmup_steps=0",
+        "drafter.optim.lr=0.01", "mesh.num_devices=2", *more])
 
 
 class Record(Hook):
@@ -179,8 +181,8 @@ def test_a_tv_run_continues_with_dcd_teacher_from_its_last_params(base_and_data,
     from zarya_jax.train import drafter as drafter_run
     d = base_and_data
     tv = _config(d / "train.jsonl", 0.5, "train.eval_every=3")  # the held-out loss, with and without a carry
-    tv = dataclasses.replace(tv, drafter=dataclasses.replace(tv.drafter, objective="tv"),
-                             train=dataclasses.replace(tv.train, steps=3))
+    tv = dataclasses.replace(tv, drafter=dataclasses.replace(
+        tv.drafter, objective=dataclasses.replace(tv.drafter.objective, objective="tv"), steps=3))
     drafter_run.train_drafter(tv, str(d / "base"), str(tmp_path / "run"))
     first, _ = lora_lib.load(tmp_path / "run" / "adapter")
     rec = Record()
@@ -203,12 +205,12 @@ def test_experiment_drafter_section_reaches_the_drafter_run():
     from zarya_jax.experiment import config as exp_config
     from zarya_jax.experiment import stages
     cfg = exp_config.default_config()
-    cfg = dataclasses.replace(cfg, drafter=ov.build(exp_config.DrafterRun, {
+    cfg = dataclasses.replace(cfg, drafter=ov.build(exp_config.TaskDrafterRun, {
         "objective": {"objective": "dcd"}, "dcd": {"passes": 3, "refresh_every": 7, "divergence": "tv"},
         "lora": {"layers": "top"}}, "drafter."))
     base = types.SimpleNamespace(tokenizer_spec="byte", prompt_format=PromptFormat())
     run = stages.drafter_config(cfg.drafter, cfg.trainer, base, "train.jsonl")
-    assert run.drafter.objective == "dcd" and run.lora.layers == "top"
-    assert (run.dcd.passes, run.dcd.refresh_every, run.dcd.divergence) == (3, 7, "tv")
+    assert run.drafter.objective.objective == "dcd" and run.drafter.lora.layers == "top"
+    assert (run.drafter.dcd.passes, run.drafter.dcd.refresh_every, run.drafter.dcd.divergence) == (3, 7, "tv")
     with pytest.raises(ConfigError, match="drafter.dcd.passes=1|dcd.passes=1"):
-        ov.build(exp_config.DrafterRun, {"dcd": {"passes": 1}}, "drafter.")
+        ov.build(exp_config.TaskDrafterRun, {"dcd": {"passes": 1}}, "drafter.")

@@ -94,9 +94,10 @@ def base_and_data(tmp_path_factory):
     return root, ckpt
 
 
-COMMON = ["--set", "train.steps=2", "--set", "data.batch_size=8", "--set", "data.max_length=96",
+# the experiment's keys (`draft_model.*`: the same section as the quickstart's and the sweeps')
+COMMON = ["--set", "draft_model.steps=2", "--set", "draft_model.batch_size=8", "--set", "data.max_length=96",
           "--set", "train.eval_every=0", "--set", "train.save_every=0", "--set", "train.progress_bar=false",
-          "--set", "optim.warmup_steps=1"]
+          "--set", "draft_model.optim.warmup_steps=1"]
 
 
 @pytest.mark.parametrize("loss", ["ntp", "tv"])
@@ -106,10 +107,13 @@ def test_trained_draft_model_decodes_losslessly(base_and_data, loss):
     root, base = base_and_data
     work = str(root / f"dm_{loss}")
     assert train_cli.main(["--base", base, "--workdir", work, "--params-ratio", "3", "--lora-rank", "4",
-                           "--set", f"draft.loss={loss}", "--set", f"data.train={root / 'train.jsonl'}"] + COMMON) == 0
+                           "--set", f"draft_model.objective.loss={loss}", "--set", f"data.train={root / 'train.jsonl'}"]
+                          + COMMON) == 0
     settings = json.load(open(os.path.join(work, "draft_model.json")))
     budget = 3 * draft_run.lora_budget(TINY, LoraConfig(rank=4))
     assert settings["draft"]["loss"] == loss and settings["params"] <= budget
+    run = json.load(open(os.path.join(work, "run_config.json")))  # the section's steps, batch and optimizer ran
+    assert (run["train"]["steps"], run["data"]["batch_size"], run["optim"]["lr"]) == (2, 8, 3e-3)
     model = load_for_inference(base, draft=os.path.join(work, "final"))
     assert model.draft_config.num_params() == settings["params"] and model.draft_config.vocab_size == 264
     if loss == "ntp":
@@ -138,9 +142,17 @@ def test_bad_draft_inputs_exit_2(base_and_data, tmp_path, capsys):
         (evaluate_cli, ["--ckpt", base, "--data", data, "--modes", "spec-model", "--draft-ckpt",
                         str(tmp_path / "missing"), "--out", str(tmp_path / "e")], "does not exist"),
         (train_cli, ["--base", base, "--workdir", str(tmp_path / "w"), "--params", "10"], "below the smallest"),
-        (train_cli, ["--base", base, "--workdir", str(tmp_path / "w"), "--set", "draft.loss=kl"],
+        (train_cli, ["--base", base, "--workdir", str(tmp_path / "w"), "--set", "draft_model.objective.loss=kl"],
          "draft.loss='kl'"),
+        (train_cli, ["--base", base, "--workdir", str(tmp_path / "w"), "--set", "model.head_dim=8"],
+         "the model's structure is the base checkpoint's"),
     ]
+    # a key of the former layout names its new place
+    cases += [(train_cli, ["--base", base, "--workdir", str(tmp_path / "w"), "--set", f"{old}=2"],
+               f"config key {old!r} has moved: it is now {new!r}")
+              for old, new in [("draft.loss", "draft_model.objective.loss"),
+                               ("model.hidden_size", "draft_model.hidden_size"),
+                               ("optim.lr", "draft_model.optim.lr"), ("train.steps", "draft_model.steps")]]
     for cli, argv, message in cases:
         assert cli.main(argv) == 2, argv
         assert message in capsys.readouterr().err, message
@@ -162,3 +174,21 @@ def test_quickstart_with_a_draft_model_row(base_and_data, tmp_path):
     lossless = [t for t in report["targets"] if "draft model" in t["target"]]
     assert len(lossless) == 1 and lossless[0]["met"], report["targets"]
     assert json.load(open(os.path.join(out, "draft_model", "draft_model.json")))["draft"]["loss"] == "ntp"
+
+
+def test_draft_model_config_is_the_experiments_section_and_hashable():
+    """The command line's `draft_model` section is the experiment's (`DraftModelRun`), sized alike (explicit or
+    `params_ratio` × an adapter's parameters), and both configs hash, equal configs equal."""
+    from zarya_jax import overrides as ov
+    from zarya_jax.experiment.config import default_config
+
+    size = {"draft_model.hidden_size": 32, "draft_model.intermediate_size": 64, "draft_model.num_layers": 1,
+            "draft_model.num_heads": 2, "draft_model.num_kv_heads": 1, "draft_model.optim.lr": 1e-3}
+    cfg = draft_run.load_config("tiny", size)
+    exp = ov.apply(default_config(), size)
+    assert cfg.draft_model == exp.draft_model and type(exp.draft_model) is draft_run.DraftModelRun
+    model = cfg.draft_model.size(TINY, LoraConfig(rank=4))
+    assert (model.hidden_size, model.num_layers, model.head_dim, model.vocab_size) == (32, 1, TINY.head_dim, 264)
+    ratio = draft_run.load_config("tiny", {"draft_model.params_ratio": 2}).draft_model
+    assert ratio.size(TINY, LoraConfig(rank=4)).num_params() <= 2 * draft_run.lora_budget(TINY, LoraConfig(rank=4))
+    assert hash(cfg) == hash(draft_run.load_config("tiny", size)) and cfg != draft_run.load_config("tiny", {})

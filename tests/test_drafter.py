@@ -240,14 +240,18 @@ def test_trainer_updates_only_the_adapter(tmp_path):
             text = "".join(chr(97 + (a + k * i) % 26) for i in range(24))
             f.write(json.dumps({"prompt": text[:4], "answer": text[4:]}) + "\n")
     work = tmp_path / "run"
-    argv = ["--base", str(base), "--workdir", str(work), "--set", "lora.rank=4", "--set", "lora.alpha=8",
-            "--set", "drafter.block_sizes=2,4", "--set", f"data.train={data}", "--set", "data.max_length=32",
-            "--set", "data.batch_size=8", "--set", "data.chat_template=false", "--set", "train.steps=4",
+    # the experiment's keys (`drafter.*`: the same section as the quickstart's and the sweeps')
+    argv = ["--base", str(base), "--workdir", str(work), "--set", "drafter.lora.rank=4",
+            "--set", "drafter.lora.alpha=8", "--set", "drafter.objective.block_sizes=2,4", "--set", f"data.train={data}", "--set", "data.max_length=32",
+            "--set", "drafter.batch_size=8", "--set", "data.chat_template=false", "--set", "drafter.steps=4",
             "--set", "train.save_every=2", "--set", "train.eval_every=0", "--set", "train.progress_bar=false",
-            "--set", "optim.warmup_steps=0", "--set", "optim.lr=0.01", "--set", "mesh.num_devices=2"]
+            "--set", "drafter.optim.warmup_steps=0", "--set", "drafter.optim.lr=0.01", "--set", "mesh.num_devices=2"]
     assert train_drafter.main(argv) == 0
     adapter, cfg = lora_lib.load(work / "adapter")
-    assert cfg.rank == 4 and lora_lib.metadata(work / "adapter")["noise"] == "uniform"
+    assert cfg.rank == 4 and cfg.alpha == 8 and lora_lib.metadata(work / "adapter")["noise"] == "uniform"
+    run = json.loads((work / "run_config.json").read_text())  # the section's steps, batch and optimizer ran
+    assert (run["train"]["steps"], run["data"]["batch_size"], run["optim"]["lr"]) == (4, 8, 0.01)
+    assert json.loads((work / "drafter.json").read_text())["drafter"]["block_sizes"] == [2, 4]
     moved = max(float(np.abs(np.asarray(v["b"])).max()) for v in adapter["layers"].values())
     assert moved > 0  # b starts at zero
     reloaded, _ = ckpt_lib.load(base)
@@ -255,3 +259,39 @@ def test_trainer_updates_only_the_adapter(tmp_path):
     # bad input: a clear error and status 2, nothing written
     assert train_drafter.main(["--base", str(tmp_path / "nope"), "--workdir", str(tmp_path / "w2")]) == 2
     assert not (tmp_path / "w2").exists()
+
+
+@pytest.mark.parametrize("old,new", [("lora.rank=4", "drafter.lora.rank"), ("drafter.block_sizes=2,4",
+                                                                         "drafter.objective.block_sizes"),
+                                     ("drafter.objective=dcd", "drafter.objective.objective"),
+                                     ("dcd.passes=3", "drafter.dcd.passes"), ("optim.lr=0.1", "drafter.optim.lr"),
+                                     ("train.steps=2", "drafter.steps"), ("data.batch_size=2", "drafter.batch_size")])
+def test_former_drafter_keys_name_their_new_place(tmp_path, capsys, tiny_config, tiny_params, old, new):
+    """A key of the command line's former layout is refused (status 2, nothing written) naming the key it is now."""
+    from experiments import train_drafter
+    from zarya_jax import checkpoint as ckpt_lib
+
+    base = tmp_path / "base"
+    ckpt_lib.save(base, tiny_params, tiny_config)
+    assert train_drafter.main(["--base", str(base), "--workdir", str(tmp_path / "w"), "--set", old]) == 2
+    assert f"config key {old.split('=')[0]!r} has moved: it is now {new!r}" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
+
+
+def test_drafter_config_is_the_experiments_section_and_hashable():
+    """The command line's `drafter` section is the experiment's (`DrafterRun`; the experiment's adds the task
+    shift), both configs hash, and equal configs hash equal."""
+    from zarya_jax import overrides as ov
+    from zarya_jax.experiment.config import ExperimentConfig, default_config
+    from zarya_jax.train import drafter as drafter_run
+
+    sets = {"drafter.lora.rank": 4, "drafter.optim.lr": 0.01, "drafter.objective.ce_weight": 0.5}
+    cfg = drafter_run.load_config("tiny", sets)
+    exp = ov.apply(default_config(), sets)
+    assert isinstance(exp.drafter, drafter_run.DrafterRun)
+    assert ov.field_types(ExperimentConfig)["drafter"].__mro__[1] is drafter_run.DrafterRun
+    assert (cfg.drafter.lora.rank, cfg.drafter.optim.lr, cfg.drafter.objective.ce_weight) == (4, 0.01, 0.5)
+    assert (exp.drafter.lora.rank, exp.drafter.optim.lr, exp.drafter.objective.ce_weight) == (4, 0.01, 0.5)
+    assert hash(cfg) == hash(drafter_run.load_config("tiny", sets))
+    assert hash(exp) == hash(ov.apply(default_config(), sets))
+    assert cfg != drafter_run.load_config("tiny", {**sets, "drafter.lora.rank": 8})

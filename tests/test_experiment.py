@@ -156,17 +156,28 @@ def test_composed_sections_reach_the_side_runs():
     base = types.SimpleNamespace(tokenizer_spec="byte", prompt_format=PromptFormat(), config=TINY)
     config = default_config()
     drafter = stages.drafter_config(config.drafter, config.trainer, base, "train.jsonl")
-    assert drafter.optim == OptimConfig(lr=2e-3, warmup_steps=20, schedule="cosine", weight_decay=0.0) != config.optim
-    assert (drafter.lora.rank, drafter.lora.alpha, drafter.drafter.ce_weight) == (16, 32.0, 1.0)
-    assert (drafter.train.steps, drafter.data.batch_size, drafter.data.train) == (400, 8, ("train.jsonl",))
+    run = drafter.run_config(TINY)  # what the loop trains: the section's steps, batch and optimizer
+    assert run.optim == OptimConfig(lr=2e-3, warmup_steps=20, schedule="cosine", weight_decay=0.0) != config.optim
+    assert (drafter.drafter.lora.rank, drafter.drafter.lora.alpha, drafter.drafter.objective.ce_weight) == (16, 32.0, 1.0)
+    assert (run.train.steps, run.data.batch_size, run.data.train) == (400, 8, ("train.jsonl",))
     assert config.trainer.optim is config.optim and config.trainer.model is config.model
     changed = overrides.apply(config, {"drafter.optim.weight_decay": 0.1, "draft_model.optim.lr": 1e-4,
                                        "draft_model.objective.loss": "ntp", "optim.weight_decay": 0.2})
     drafter = stages.drafter_config(changed.drafter, changed.trainer, base, "train.jsonl")
-    assert drafter.optim.weight_decay == 0.1 and drafter.optim.lr == 2e-3
-    draft = stages.draft_model_config(changed.draft_model, changed.trainer, changed.drafter.lora, base, "t.jsonl")
-    assert draft.optim.lr == 1e-4 and draft.optim.weight_decay == 0.0 and draft.draft.loss == "ntp"
-    assert draft.train.objective == "ar" and draft.train.export_final and draft.model.num_layers <= TINY.num_layers
+    assert drafter.run_config(TINY).optim.weight_decay == 0.1 and drafter.drafter.optim.lr == 2e-3
+    draft = stages.draft_model_config(changed.draft_model, changed.trainer, base, "t.jsonl")
+    model = draft.draft_model.size(TINY, changed.drafter.lora)
+    run = draft.run_config(model, objective="ar")
+    assert run.optim.lr == 1e-4 and run.optim.weight_decay == 0.0 and draft.draft_model.objective.loss == "ntp"
+    assert run.train.objective == "ar" and run.train.export_final and run.model.num_layers <= TINY.num_layers
+    # the sections are the command lines' own: one class each, hashable, equal configs hash equal
+    assert hash(changed) == hash(overrides.apply(default_config(), {
+        "drafter.optim.weight_decay": 0.1, "draft_model.optim.lr": 1e-4, "draft_model.objective.loss": "ntp",
+        "optim.weight_decay": 0.2})) and hash(changed) != hash(config)
+    assert {config: 1}[default_config()] == 1  # a dict key, e.g. a cache of one compile per config
+    # a config as report.json records it reads back as the same config (every default settable)
+    for c in (config, overrides.apply(changed, {"drafter.task_seed": 5}), overrides.apply(config, ["drafter.task_seed=null"])):
+        assert overrides.build(ExperimentConfig, json.loads(json.dumps(overrides.to_dict(c)))) == c
     for old, new in (("drafter.lr", "drafter.optim.lr"), ("drafter.rank", "drafter.lora.rank"),
                      ("drafter.objective", "drafter.objective.objective"), ("draft_model.loss", "draft_model.objective.loss")):
         with pytest.raises(ConfigError, match=f"'{old}' has moved: it is now '{new}'"):

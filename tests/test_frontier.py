@@ -192,3 +192,18 @@ def test_choose_and_pareto():
     front = frontier.pareto(rows)
     assert [(r.mode, r.tokens_per_forward) for r in front] == [
         ("ar", 1.0), ("slotted", 6.0), ("slotted", 5.0), ("mdm", 2.0), ("mdm", 1.0)]
+
+
+def test_frontier_config_is_hashable_and_written_as_before():
+    """The grid is held frozen (a jit static argument like every config): equal configs hash equal, whatever
+    the order their grid was given in; `--set` and the report's JSON spell it as the dictionary it was."""
+    import json
+
+    a = FrontierConfig(grid={"mdm": {"steps": [4], "alpha0": [0.5]}, "slotted": {"slot_size": [4]}})
+    b = FrontierConfig(grid={"slotted": {"slot_size": (4,)}, "mdm": {"alpha0": (0.5,), "steps": (4,)}})
+    assert a == b and hash(a) == hash(b) and hash(FrontierConfig()) == hash(FrontierConfig())
+    changed = ov.apply(a, {"grid.mdm.steps": [4, 8]})
+    assert changed.grid["mdm"] == {"steps": (4, 8), "alpha0": (0.5,)} and hash(changed) != hash(a)
+    doc = json.loads(json.dumps(ov.to_dict(changed)))
+    assert doc["grid"] == {"mdm": {"steps": [4, 8], "alpha0": [0.5]}, "slotted": {"slot_size": [4]}}
+    assert FrontierConfig(**doc) == changed  # read back from the JSON

@@ -20,6 +20,7 @@ from zarya_jax.data.tokenizer import load_tokenizer
 from zarya_jax.testing import TINY
 from zarya_jax.train import config as rc
 from zarya_jax.train import inherit
+from zarya_jax.train.drafter import DrafterRunConfig
 
 # The smallest run of the path: one step at 2 × 64 tokens, no evaluation or intermediate checkpoint.
 RUN = ["data.max_length=64", "data.batch_size=2", "data.eval_fraction=0", "train.steps=1", "train.eval_every=0",
@@ -27,9 +28,12 @@ RUN = ["data.max_length=64", "data.batch_size=2", "data.eval_fraction=0", "train
        "optim.warmup_steps=0", "mesh.num_devices=1"]
 TRAIN = RUN + ["data.chat_template=true", "data.enable_thinking=false", "data.prompt_key=question",
                "zarya.slot_size_set=2,4", "zarya.slot_step_borders=0.5,1.0"]
-DRAFTER = ["data.eval_fraction=0", "train.steps=1", "train.eval_every=0", "train.save_every=0",
-           "train.progress_bar=false", "train.async_checkpointing=false", "optim.warmup_steps=0",
-           "mesh.num_devices=1", "lora.rank=4", "lora.alpha=8", "drafter.block_sizes=2,4"]
+# A side run's own section holds its steps, batch and optimizer (`drafter.*`, `draft_model.*`).
+SIDE = ["data.eval_fraction=0", "train.eval_every=0", "train.save_every=0", "train.progress_bar=false",
+        "train.async_checkpointing=false", "mesh.num_devices=1"]
+DRAFTER = SIDE + ["drafter.steps=1", "drafter.optim.warmup_steps=0", "drafter.lora.rank=4", "drafter.lora.alpha=8",
+                  "drafter.objective.block_sizes=2,4"]
+DRAFT_MODEL = SIDE + ["draft_model.steps=1", "draft_model.optim.warmup_steps=0"]
 
 
 def sets(items):
@@ -89,7 +93,7 @@ def test_train_then_drafter_read_the_checkpoints_tokenizer(qwen3, capsys):
     err = one_error_line(capsys)
     assert "data.tokenizer='byte'" in err and checkpoint.tokenizer_dir(final) in err
     assert train_draft_model.main(["--base", final, "--workdir", str(root / "bytes_draft"),
-                                   *sets([f"data.train={qwen3['data']}", "data.tokenizer=byte", *RUN])]) == 2
+                                   *sets([f"data.train={qwen3['data']}", "data.tokenizer=byte", *DRAFT_MODEL])]) == 2
     assert "data.tokenizer='byte'" in one_error_line(capsys) and not (root / "bytes_draft").exists()
     drafter = root / "drafter"
     assert train_drafter.main(["--base", final, "--workdir", str(drafter),
@@ -103,6 +107,11 @@ def test_train_then_drafter_read_the_checkpoints_tokenizer(qwen3, capsys):
     # --set still wins over the base run's values
     inherited, _ = inherit.from_base(final, {"data.batch_size": 4}, inherit.BASE_RUN_KEYS)
     assert "data.batch_size" not in inherited and inherited["data.max_length"] == 64
+    # a side run takes the base run's batch as its section's (`drafter.batch_size`), below its own --set
+    keys = DrafterRunConfig.base_keys(inherit.BASE_RUN_KEYS)
+    assert inherit.from_base(final, {}, keys)[0]["drafter.batch_size"] == 2
+    inherited, _ = inherit.from_base(final, {"drafter.batch_size": 4}, keys)
+    assert "drafter.batch_size" not in inherited and "data.batch_size" not in inherited
 
 
 def test_train_api_applies_the_same_rule(qwen3, tmp_path):

@@ -58,7 +58,8 @@ def test_sparse_knobs_and_listing():
                                "spec-self": {"draft_length": 4}, "spec-lora": {}, "spec-model": {},
                                "spec-self-fused": {}, "spec-lora-fused": {}}
     assert ov.to_dict(knobs)["spec-self"] == {"draft_length": 4}
-    with pytest.raises(ConfigError, match=r"did you mean \['spec-self.draft_length'"):
+    with pytest.raises(ConfigError, match=r"spec-self.draft_lenght: mode 'spec-self' has no field 'draft_lenght' "
+                                          r"\(did you mean \['draft_length'\]\?\); its fields are \['draft_length'"):
         ov.apply(ModeKnobs(), {"spec-self.draft_lenght": 4})
     # each mode's fields and the shared ones are its knobs: one row per mode in the listing
     rows = {k: (t, d) for k, t, d in ov.keys(EvalConfig, defaults=EvalConfig(knobs=knobs))}
@@ -93,3 +94,42 @@ def test_run_config_round_trip_and_listing():
     assert keys[0] == "model.preset" and "mesh.fsdp" in keys and "train.progress_bar" in keys
     with pytest.raises(ConfigError, match="unknown config sections"):
         rc.build({"model": "tiny", "zaria": {}})
+
+
+@pytest.mark.parametrize("item,match", [
+    # a field of another mode: the mode, the field, and the mode's own fields (and the shared ones for a knob)
+    ("eval.knobs.ar.slot_size=4", r"eval.knobs.ar.slot_size: mode 'ar' has no field 'slot_size'; its fields are "
+                                  r"\[\], and the shared ones \['max_new_tokens'"),
+    ("eval.knobs.mdm.slot_size=4", r"mode 'mdm' has no field 'slot_size'.*; its fields are \['steps', "),
+    ("eval.knobs.beam.width=2", r"eval.knobs.beam.width: unknown mode 'beam'; expected one of \('ar', "),
+    ("frontier.grid.ar.slot_size=[4]", r"frontier.grid.ar.slot_size: mode 'ar' has no field 'slot_size'; its fields "
+                                       r"are \[\]$"),
+    ("frontier.grid.mdm.alpha=[0.5]", r"frontier.grid.mdm.alpha: mode 'mdm' has no field 'alpha' \(did you mean "
+                                      r"\['alpha0'\]\?\); its fields are \['steps', "),
+])
+def test_a_field_the_mode_lacks_names_the_mode_and_its_fields(item, match):
+    from zarya_jax.experiment.config import default_config
+    with pytest.raises(ConfigError, match=match):
+        ov.apply(default_config(), [item])
+
+
+def test_frozen_maps_hash_and_compare_as_dicts():
+    """A config's mapping field is held frozen: hashable (order-free, as equality), equal to the dict it was
+    made from, written out as one."""
+    a, b = ov.frozen({"x": [1, 2], "y": {"z": (3,)}}), ov.frozen({"y": {"z": [3]}, "x": (1, 2)})
+    assert a == b and hash(a) == hash(b) and a == {"x": (1, 2), "y": {"z": (3,)}}
+    assert ov.to_dict(a) == {"x": [1, 2], "y": {"z": [3]}} and hash(a) != hash(ov.frozen({"x": (1,)}))
+    with pytest.raises(TypeError):
+        a["x"] = 1  # noqa: the point: it cannot be changed
+
+
+def test_the_quickstart_names_the_mode_of_a_bad_knob(tmp_path, capsys):
+    """Through the command line: exit 2, one error line naming the mode and the field, nothing written."""
+    from experiments import quickstart
+    for item, message in [("eval.knobs.ar.slot_size=4", "eval.knobs.ar.slot_size: mode 'ar' has no field 'slot_size'"),
+                          ("frontier.grid.spec-self.slot_size=[4]",
+                           "frontier.grid.spec-self.slot_size: mode 'spec-self' has no field 'slot_size'; its fields "
+                           "are ['draft_length'")]:
+        assert quickstart.main(["--smoke", "--workdir", str(tmp_path / "w"), "--set", item]) == 2
+        assert message in capsys.readouterr().err
+        assert not (tmp_path / "w").exists()

@@ -117,7 +117,7 @@ def test_drafter_run_renders_like_its_base(run, tmp_path):
     from zarya_jax.train import drafter as drafter_run
 
     cfg = drafter_run.load_config("tiny", {"data.train": run["data"], "data.tokenizer": str(run["dir"] / "tok"),
-                                           "data.max_length": 128, "data.eval_fraction": 0, "data.batch_size": 3})
+                                           "data.max_length": 128, "data.eval_fraction": 0, "drafter.batch_size": 3})
     # The run stops at the batch check, after its data were read: GSM8K's `question` field was found through
     # the base checkpoint's recorded format (with the default format the records would be malformed).
     with pytest.raises(ConfigError, match="not divisible by the data-parallel size"):

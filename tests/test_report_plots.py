@@ -1,10 +1,12 @@
 """The report's figures and tables are readable at every size of run: accuracy axes span 0–100 % (never
-negative), short runs get linear loss axes with whole-number steps, no two texts of a figure overlap
+negative), the frontier figure draws the typed results (`FrontierPoint`, `ModeResult`) its callers hold,
+short runs get linear loss axes with whole-number steps, no two texts of a figure overlap
 once drawn (coincident or close points, long labels, neighbouring panels), and the targets table keeps
 one unit per column. Cheap: figures from hand-made results, no training."""
 import pytest
 from matplotlib.text import Text
 
+from zarya_jax.eval.results import FrontierPoint, ModeResult
 from zarya_jax.experiment import plots
 from zarya_jax.experiment.report import targets_markdown
 from zarya_jax.experiment.results import Target
@@ -15,19 +17,29 @@ LABELS = {"ar": "AR", "mdm": "mode A (MDM)", "slotted": "mode B (slotted)", "spe
 
 
 def _point(mode, accuracy, tpf, tps):
-    return {"mode": mode, "label": LABELS[mode], "accuracy": accuracy, "tokens_per_forward": tpf, "tokens_per_s": tps}
+    """A frontier point (validation), as `frontier.sweep` makes them."""
+    return FrontierPoint(mode=mode, label=LABELS[mode], knobs={}, point="", accuracy=accuracy,
+                         tokens_per_forward=tpf, tokens_per_s=tps, examples=4, correct=[False] * 4)
+
+
+def _result(mode, accuracy, tpf, tps):
+    """A mode's result on test, as `evaluate` makes them."""
+    return ModeResult(mode=mode, label=LABELS[mode], examples=4, accuracy=accuracy, tokens_per_forward=tpf,
+                      tokens_per_s=tps, generated_tokens=32, wall_s=1.0, compile_s=1.0, batch_size=4,
+                      generation_config={})
 
 
 # A --smoke run: every accuracy 0, several modes at the same tokens per forward, 4 logged steps.
-SMOKE_CHOSEN = [_point("ar", 0.0, 1.0, 36808.9), _point("mdm", 0.0, 2.667, 31492.5),
-                _point("slotted", 0.0, 0.533, 22809.4), _point("spec-self", 0.0, 0.889, 32270.8),
-                _point("spec-lora", 0.0, 0.889, 12769.7),
-                _point("spec-self-fused", 0.0, 0.889, 23574.9), _point("spec-lora-fused", 0.0, 1.0, 20366.3)]
-SMOKE_POINTS = SMOKE_CHOSEN + [_point("mdm", 0.0, 1.24, 13901.3), _point("slotted", 0.0, 0.47, 13001.1)]
+SMOKE = [("ar", 0.0, 1.0, 36808.9), ("mdm", 0.0, 2.667, 31492.5), ("slotted", 0.0, 0.533, 22809.4),
+         ("spec-self", 0.0, 0.889, 32270.8), ("spec-lora", 0.0, 0.889, 12769.7),
+         ("spec-self-fused", 0.0, 0.889, 23574.9), ("spec-lora-fused", 0.0, 1.0, 20366.3)]
+SMOKE_CHOSEN = [_result(*row) for row in SMOKE]
+SMOKE_POINTS = [_point(*row) for row in SMOKE] + [_point("mdm", 0.0, 1.24, 13901.3),
+                                                   _point("slotted", 0.0, 0.47, 13001.1)]
 SMOKE_LOSS = [[1, 6.417], [2, 5.639], [3, 4.869], [4, 5.488]]
 # A trained model: every mode's chosen point within a few points of accuracy and a few hundredths of
 # tokens per forward of the next.
-CLOSE_CHOSEN = [_point(m, 0.95 + 0.005 * i, 1.5 + 0.03 * i, 300 + 5 * i) for i, m in enumerate(LABELS)]
+CLOSE_CHOSEN = [_result(m, 0.95 + 0.005 * i, 1.5 + 0.03 * i, 300 + 5 * i) for i, m in enumerate(LABELS)]
 LONG_LOSS = [[s, 10 * 1000 ** (-s / 2000)] for s in range(1, 2001, 10)]  # 10 → 0.01 over 2000 steps
 
 

@@ -23,7 +23,9 @@ may list the keys it has moved (`MOVED_KEYS = {former key: key now}`): `apply` r
 error that names its new place, rather than aliasing it. A field typed
 `dict[str, …]` is reached by dotted keys too (`frontier.grid.slotted.slot_size=[4,8]`): a mapping given
 for it is merged into its current value, key by key (new keys last), and the class that holds it checks
-and types what it receives (its `__post_init__`).
+and types what it receives (its `__post_init__`), storing it as a `FrozenMap` (`frozen`) so the config
+stays hashable. A class may say what an unknown field of it is (`unknown_field(key, name)`, e.g. a mode's
+knobs name the mode and its fields); the generic error suggests the closest keys.
 
 Why not draccus or tyro: the configs must stay plain frozen, hashable dataclasses because they are jit
 static arguments (one compile per config); values are YAML, as `--set` has always taken them; the
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from collections import abc
 import functools
 import math
 import types
@@ -45,6 +48,44 @@ import yaml
 from .config import ConfigError, check_bounds
 
 SPARSE = "__sparse_of__"  # attribute of a `sparse(cls)` dataclass: the class it overrides
+
+
+class FrozenMap(Mapping):
+    """An immutable mapping in insertion order, hashable when its values are (a config's `dict[...]` field,
+    `frozen`): equal to a dict of the same items, written by `to_dict` as one."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Mapping | Iterable = ()):
+        object.__setattr__(self, "_items", dict(items))
+
+    def __getitem__(self, key):
+        return self._items[key]
+
+    def __iter__(self):
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:  # order-free, as equality is
+        return hash(frozenset(self._items.items()))
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def __repr__(self) -> str:
+        return repr(self._items)
+
+
+def frozen(value: Any) -> Any:
+    """`value` with every mapping a `FrozenMap` and every list a tuple, nested: the hashable form of a
+    `dict[...]` config field (equal to the value it was made from, where that had no lists)."""
+    if isinstance(value, Mapping):
+        return FrozenMap((k, frozen(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return tuple(frozen(v) for v in value)
+    return value
 
 
 def parse(text: str, flag: str = "--set") -> tuple[str, Any]:
@@ -87,7 +128,7 @@ def _is_config(tp) -> bool:
 
 def _is_mapping(tp) -> bool:
     """A `dict[...]` / `Mapping[...]` field: its keys are data, reached by dotted keys and merged."""
-    return tp in (dict, Mapping) or typing.get_origin(tp) in (dict, Mapping)
+    return tp in (dict, Mapping, abc.Mapping) or typing.get_origin(tp) in (dict, abc.Mapping)
 
 
 def merged(base: Mapping, update: Mapping) -> dict:
@@ -248,7 +289,8 @@ def build(cls, values: Mapping[str, Any], prefix: str = "", *, base: Any = None)
         key = f"{prefix}{name}"
         f = fields.get(name)
         if f is None:
-            raise unknown(key, [prefix + k for k, _, _ in keys(cls)])
+            explain = getattr(cls, "unknown_field", None)
+            raise explain(key, name) if explain else unknown(key, [prefix + k for k, _, _ in keys(cls)])
         tp, optional = _optional_inner(types_[f.name])
         if _is_config(tp) and isinstance(value, Mapping):
             current = getattr(base, f.name) if base is not None else _default(f)
@@ -278,11 +320,18 @@ def apply(tree: Any, overrides: Iterable[str] | Mapping[str, Any], flag: str = "
     flat = parse_all(overrides, flag)
     if not flat:
         return tree
-    moved = getattr(type(tree), "MOVED_KEYS", {})  # {former key: its key now}: a clear error, never an alias
+    check_moved(type(tree), flat)
+    return build(type(tree), _nest(flat, type(tree)), base=tree)
+
+
+def check_moved(cls, flat: Mapping[str, Any]) -> None:
+    """A ConfigError for the first key of `flat` that `cls` lists as moved (`MOVED_KEYS`: {former key: its key
+    now}), naming the key to use: a clear error, never an alias. A mapping value is a section's (a former
+    key may now be a section: `drafter.objective`)."""
+    moved = getattr(cls, "MOVED_KEYS", {})
     for key, value in flat.items():
         if key in moved and not isinstance(value, Mapping):
             raise ConfigError(f"config key {key!r} has moved: it is now {moved[key]!r} (e.g. {moved[key]}={value!r})")
-    return build(type(tree), _nest(flat, type(tree)), base=tree)
 
 
 def get(tree: Any, key: str) -> Any:
@@ -325,7 +374,9 @@ def sparse(cls):
     fields = [(f.name, typing.Optional[_optional_inner(types_[f.name])[0]], dataclasses.field(default=None))
               for f in dataclasses.fields(cls)]
     sparse_cls = dataclasses.make_dataclass(f"Sparse{cls.__name__}", fields, frozen=True,
-                                            namespace={SPARSE: cls, "__module__": cls.__module__})
+                                            namespace={SPARSE: cls, "__module__": cls.__module__,
+                                                       **({"unknown_field": cls.unknown_field}
+                                                          if hasattr(cls, "unknown_field") else {})})
     return sparse_cls
 
 

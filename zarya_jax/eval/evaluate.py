@@ -60,7 +60,9 @@ def knob_types(mode: str) -> dict[str, type]:
 def _sparse_knobs(mode: str):
     """A typed partial set of one mode's knobs (every field optional, None = not set)."""
     cls = modes_lib.MODES[mode]
-    full = dataclasses.make_dataclass(f"{cls.__name__}Knobs", list(knob_types(mode).items()), frozen=True)
+    full = dataclasses.make_dataclass(f"{cls.__name__}Knobs", list(knob_types(mode).items()), frozen=True,
+                                      namespace={"unknown_field": staticmethod(
+                                          lambda key, field: ConfigError(no_knob(key, mode, field)))})
     return ov.sparse(full)
 
 
@@ -74,7 +76,8 @@ def _knobs_as_dict(self) -> dict[str, dict]:
 ModeKnobs = dataclasses.make_dataclass(
     "ModeKnobs", [(name.replace("-", "_"), _sparse_knobs(name),
                    dataclasses.field(default=_sparse_knobs(name)(), metadata={"key": name})) for name in MODES],
-    frozen=True, namespace={"as_dict": _knobs_as_dict, "__module__": __name__,
+    frozen=True, namespace={"as_dict": _knobs_as_dict, "__module__": __name__, "unknown_field": staticmethod(
+        lambda key, name: ConfigError(f"{key}: unknown mode {name.partition('.')[0]!r}; expected one of {MODES}")),
                             "__doc__": "Decoding knobs per mode (`eval.knobs.<mode>.<field>`): each mode's fields "
                                        "and the shared sampling fields, typed, None = not set."})
 
@@ -175,8 +178,12 @@ def _scope_types(scope: str, field: str) -> dict[str, type]:
         owners = [m for m in MODES if field in ov.field_types(modes_lib.MODES[m])]
         where = f"; it is a field of mode(s) {owners}: give it as MODE.{field}" if owners else close_names(field, types)
         raise ConfigError(f"knob *.{field}: not a shared sampling field{where}. Shared fields: {list(SHARED_TYPES)}")
-    raise ConfigError(no_field(f"knob {scope}.{field}", scope, field, types) + f", and the shared ones "
-                      f"{list(SHARED_TYPES)}")
+    raise ConfigError(no_knob(f"knob {scope}.{field}", scope, field))
+
+
+def no_knob(where: str, mode: str, field: str) -> str:
+    """`no_field` for a knob (`--knob`, `eval.knobs.<mode>.<field>`): a mode's own fields and the shared ones."""
+    return no_field(where, mode, field, knob_types(mode)) + f", and the shared ones {list(SHARED_TYPES)}"
 
 
 def no_field(where: str, mode: str, field: str, candidates=None) -> str:

@@ -63,20 +63,22 @@ class FrontierConfig:
       run at the budget is dropped (`grid_points`). A mode without a key is one point, its defaults.
       `--set frontier.grid.<mode>.<field>=[…]` (sweep files alike) replaces one key's values and keeps
       the others. Every point is checked against its mode when the config is built. Defaults: `DEFAULT_GRID`.
+      Held as a `FrozenMap` of `FrozenMap`s of tuples, so the config is hashable.
     tolerance: the fraction of the validation examples a chosen point may lose to AR (answer wrongly where AR
       is right); 0 (the default) asks for every answer AR gets right — parallel decoding at AR quality, the
       papers' claim.
     enabled: false skips the sweep (the pipeline then decodes with `eval.knobs`).
     """
 
-    grid: dict[str, dict[str, tuple]] = dataclasses.field(default_factory=lambda: dict(DEFAULT_GRID))
+    grid: Mapping[str, Mapping[str, tuple]] = dataclasses.field(default_factory=lambda: DEFAULT_GRID)
     tolerance: float = 0.0
     enabled: bool = True
 
     def __post_init__(self):
         if not isinstance(self.grid, Mapping):
             raise ConfigError(f"frontier.grid={self.grid!r}: expected a mapping {{mode: {{field: [values]}}}}")
-        object.__setattr__(self, "grid", {name: _mode_grid(name, keys) for name, keys in self.grid.items()})
+        # frozen (hashable, a jit static argument like every config); read, compared and written as a dict
+        object.__setattr__(self, "grid", ov.frozen({name: _mode_grid(name, keys) for name, keys in self.grid.items()}))
         if not 0.0 <= self.tolerance <= 1.0:
             raise ValueError(f"frontier.tolerance={self.tolerance}: expected a value in [0, 1]")
 

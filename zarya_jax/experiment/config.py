@@ -3,12 +3,15 @@ library's own configs rather than copies of their fields.
 
 `ExperimentConfig` holds the trainer's sections (`model`, `zarya`, `optim`, `data`, `mesh`, `train`, see
 `zarya_jax.train.config`; `config.trainer` is them as the `RunConfig` the training loop takes), `task` (the
-embedded task generator, or your own files), `drafter` (`DrafterRun`: Uno's LoRA drafter, trained only for
-`spec-lora` / `spec-lora-fused`, from its `lora` adapter, `objective`, `dcd` and `optim` sections),
+embedded task generator, or your own files), `drafter` (`TaskDrafterRun`: Uno's LoRA drafter, trained only
+for `spec-lora` / `spec-lora-fused`, from its `lora` adapter, `objective`, `dcd` and `optim` sections),
 `draft_model` (`DraftModelRun`: an independent draft model, trained only for `spec-model`, with its own
-`objective` and `optim`), `eval` (modes, budget, batch, answer extraction and per-mode decoding knobs
-`eval.knobs.<mode>.<field>`), `frontier` (the grid and the choice rule) and `goals` (the numbers the
-report's targets are measured against). Every `--set` of the quickstart and every key of a sweep file is a
+`objective` and `optim`; the drafter's and the draft model's sections are those of
+`experiments.train_drafter` / `train_draft_model` too, `train.drafter.DrafterRun`,
+`train.draft_model.DraftModelRun`, so a key is spelled alike there), `eval` (modes, budget, batch, answer
+extraction and per-mode decoding knobs `eval.knobs.<mode>.<field>`), `frontier` (the grid and the choice
+rule) and `goals` (the numbers the report's targets are measured against). Every config is a frozen,
+hashable dataclass (a jit static argument; equal configs hash equal). Every `--set` of the quickstart and every key of a sweep file is a
 dotted key of this tree (`drafter.optim.weight_decay`, `draft_model.optim.lr`, `drafter.lora.rank`), typed
 and checked by `zarya_jax.overrides`; each field is validated once, where its section is built. A key
 that has moved (`drafter.lr`, now `drafter.optim.lr`) is an error naming its new place (`MOVED_KEYS`).
@@ -24,10 +27,12 @@ from ..data.pipeline import DataConfig
 from ..eval import tasks
 from ..eval.evaluate import EvalConfig, mode_knobs
 from ..eval.frontier import FrontierConfig
-from ..objectives.distill import DistillConfig
-from ..objectives.dcd import DcdConfig
 from ..objectives.drafter import DrafterConfig
+from ..train import draft_model as draft_model_run
+from ..train import drafter as drafter_run
 from ..train.config import PRESENTATION, RunConfig, TrainConfig
+from ..train.draft_model import DraftModelRun
+from ..train.drafter import DrafterRun
 from ..train.sharding import MeshConfig
 from ..train.optim import OptimConfig
 
@@ -39,12 +44,6 @@ UNO_MODES = ("ar", "spec-lora", "spec-lora-fused")
 # Zarya base already drafts (its MDM rows) and the default 400 steps of 8 suffice (docs/uno.md)
 UNO_DEFAULTS = {"eval.modes": list(UNO_MODES), "data.batch_size": 32, "train.steps": 1500, "optim.warmup_steps": 100,
                 "drafter.steps": 1500, "drafter.batch_size": 16}
-# Uno trains the adapter, and a draft model, without weight decay, on a short cosine schedule of their own
-# (neither is the base model's optimizer: `optim`).
-DRAFTER_OPTIM = OptimConfig(lr=2e-3, warmup_steps=20, schedule="cosine", weight_decay=0.0)
-DRAFT_MODEL_OPTIM = OptimConfig(lr=3e-3, warmup_steps=20, schedule="cosine", weight_decay=0.0)
-
-
 @dataclasses.dataclass(frozen=True)
 class TaskSection:
     """The embedded arithmetic task (`zarya_jax.eval.tasks`), or your own `train_file` + `test_file` (and
@@ -69,78 +68,33 @@ class TaskSection:
             raise ConfigError("task.train_file and task.test_file must be given together")
 
 
-def _at_least_one(section: str, value, *names) -> None:
-    for name in names:
-        if getattr(value, name) < 1:
-            raise ConfigError(f"{section}.{name}={getattr(value, name)}: expected ≥ 1")
-
-
 @dataclasses.dataclass(frozen=True)
-class DrafterRun:
-    """Uno's LoRA drafter, trained on the frozen checkpoint only when `eval.modes` has spec-lora (docs/algorithms.md
-    §7): its adapter (`lora`: `rank`, `alpha`, the `noise` convention of its draft rows, the `layers` that carry
-    it, `LoraConfig`), its objective (`objective`: the block curriculum `block_sizes` / `block_borders`, the
-    loss weights `tv_weight`, `ce_weight`, `kl_weight`, and `objective.objective`: tv | dcd, `DrafterConfig`),
-    consistency distillation (`dcd`, `DcdConfig`), its optimizer (`optim`, `OptimConfig`: AdamW at lr 2e-3,
-    20 warmup steps, cosine, no weight decay) and its run (`steps`, `batch_size`). The rest of its run comes
-    from the experiment's trainer sections (data, mesh, train) and the tokenizer and prompt format from the
-    base checkpoint. `task_difficulty` (0: the task's) and `task_seed` (-1: the task's) train it on shifted
-    data instead: the embedded task at another difficulty or seed (the held-out splits' prompts excluded),
-    while it is still evaluated on the experiment's own test split."""
+class TaskDrafterRun(DrafterRun):
+    """The experiment's `drafter` section: Uno's LoRA drafter (`train.drafter.DrafterRun`, the command line's
+    section too: `steps`, `batch_size`, `lora`, `objective`, `dcd`, `optim`), trained on the frozen checkpoint
+    only when `eval.modes` has spec-lora (docs/algorithms.md §7). The rest of its run comes from the
+    experiment's trainer sections (data, mesh, train) and the tokenizer and prompt format from the base
+    checkpoint. `task_difficulty` (0: the task's) and `task_seed` (None: the task's) train it on shifted data
+    instead: the embedded task at another difficulty or seed (the held-out splits' prompts excluded), while it
+    is still evaluated on the experiment's own test split."""
 
-    steps: int = 400
-    batch_size: int = 8
-    lora: LoraConfig = LoraConfig(rank=16, alpha=32.0)
-    # CE on: TV alone stalls on a plain AR base (docs/uno.md: the diagnostics)
-    objective: DrafterConfig = DrafterConfig(block_sizes=(2, 4, 8, 16), ce_weight=1.0)
-    dcd: DcdConfig = DcdConfig()
-    optim: OptimConfig = DRAFTER_OPTIM
     task_difficulty: int = 0
-    task_seed: int = -1
+    task_seed: int | None = None
 
     def __post_init__(self):
-        _at_least_one("drafter", self, "steps", "batch_size")
+        super().__post_init__()
         if self.task_difficulty:
             tasks.task_config(self.task_difficulty)
-        if self.task_seed < -1:
-            raise ConfigError(f"drafter.task_seed={self.task_seed}: expected a seed ≥ 0, or -1 (the task's own)")
 
     def shifted(self) -> bool:
         """Whether the drafter trains on other data than the base (another difficulty or task seed)."""
-        return bool(self.task_difficulty) or self.task_seed >= 0
+        return bool(self.task_difficulty) or self.task_seed is not None
 
 
-@dataclasses.dataclass(frozen=True)
-class DraftModelRun:
-    """The independent draft model of `spec-model` (docs/algorithms.md §7.6), trained for the frozen checkpoint only
-    when `eval.modes` has spec-model: its objective (`objective`, `DistillConfig`: `loss` tv, distilled from
-    the base, + `ce_weight` × cross-entropy: 1 by default, as TV alone stalls from a random init, see
-    docs/uno.md; or ntp, next-token loss on the data), its optimizer (`optim`: AdamW at lr 3e-3, 20 warmup
-    steps, cosine, no weight decay), its run (`steps`, `batch_size`) and its size: explicit (`hidden_size` >
-    0, with `intermediate_size`, `num_layers`, `num_heads`, `num_kv_heads`, the base's head_dim; embeddings
-    tied), or `params_ratio` × the parameters of the experiment's LoRA drafter (`drafter.lora` on the base;
-    `train.draft_model.sized_to`: the largest model of the base's shape family within that budget, every
-    parameter counted, the tied embedding once)."""
-
-    steps: int = 300
-    batch_size: int = 16
-    objective: DistillConfig = DistillConfig(loss="tv", ce_weight=1.0)
-    optim: OptimConfig = DRAFT_MODEL_OPTIM
-    params_ratio: float = 1.0
-    hidden_size: int = 0
-    intermediate_size: int = 0
-    num_layers: int = 0
-    num_heads: int = 0
-    num_kv_heads: int = 0
-
-    def __post_init__(self):
-        _at_least_one("draft_model", self, "steps", "batch_size")
-        if not self.params_ratio > 0:
-            raise ConfigError(f"draft_model.params_ratio={self.params_ratio}: expected > 0")
-        explicit = ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads")
-        if self.hidden_size and any(getattr(self, f) < 1 for f in explicit):
-            raise ConfigError(f"draft_model: an explicit size (hidden_size={self.hidden_size}) needs every one of "
-                              f"{list(explicit)} ≥ 1, got {[getattr(self, f) for f in explicit]}")
+# The experiment's drafter at toy scale: rank 16, alpha 32 (not Uno's 128 / 2048), blocks 2 → 16, CE on
+# (TV alone stalls on a plain AR base: docs/uno.md, the diagnostics).
+TOY_DRAFTER = TaskDrafterRun(lora=LoraConfig(rank=16, alpha=32.0),
+                             objective=DrafterConfig(block_sizes=(2, 4, 8, 16), ce_weight=1.0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,7 +127,7 @@ class ExperimentConfig:
     mesh: MeshConfig = MeshConfig()
     train: TrainConfig = TrainConfig()
     task: TaskSection = TaskSection()
-    drafter: DrafterRun = DrafterRun()
+    drafter: TaskDrafterRun = TOY_DRAFTER
     draft_model: DraftModelRun = DraftModelRun()
     eval: EvalConfig = EvalConfig()
     frontier: FrontierConfig = FrontierConfig()
@@ -181,12 +135,7 @@ class ExperimentConfig:
 
     # The keys of the former flat drafter / draft-model sections, and where each lives now: a sweep file
     # or `--set` still naming one is an error that names the new key (`zarya_jax.overrides`).
-    MOVED_KEYS: ClassVar[dict[str, str]] = {
-        **{f"drafter.{k}": f"drafter.lora.{k}" for k in ("rank", "alpha", "noise", "layers")},
-        **{f"drafter.{k}": f"drafter.objective.{k}" for k in ("block_sizes", "tv_weight", "ce_weight", "kl_weight")},
-        "drafter.objective": "drafter.objective.objective",
-        **{f"{s}.{k}": f"{s}.optim.{k}" for s in ("drafter", "draft_model") for k in ("lr", "warmup_steps")},
-        **{f"draft_model.{k}": f"draft_model.objective.{k}" for k in ("loss", "ce_weight")}}
+    MOVED_KEYS: ClassVar[dict[str, str]] = {**drafter_run.MOVED_KEYS, **draft_model_run.MOVED_KEYS}
 
     def __post_init__(self):
         if self.drafter.shifted() and self.task.train_file:

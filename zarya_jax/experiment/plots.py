@@ -20,6 +20,7 @@ from zarya_jax.plotting import accuracy_axis as _accuracy_axis  # noqa: E402  (t
 from zarya_jax.plotting import from_zero as _from_zero  # noqa: E402
 from zarya_jax.plotting import integer_axis as _integer_axis  # noqa: E402
 from zarya_jax.plotting import save_figure as _save  # noqa: E402
+from zarya_jax.eval.results import FrontierPoint, ModeResult  # noqa: E402
 
 
 MODE_COLORS = {"ar": "black", "mdm": "tab:orange", "slotted": "tab:blue", "spec-self": "tab:green",
@@ -120,27 +121,27 @@ def _loss_panel(ax, loss_curve) -> None:
         ax.set_yscale("log")
 
 
-def frontier_figure(points: list[dict], chosen: list[dict], loss_curve: list[tuple[int, float]] | None,
-                    title: str = ""):
+def frontier_figure(points: list[FrontierPoint], chosen: list[ModeResult],
+                    loss_curve: list[tuple[int, float]] | None, title: str = ""):
     """Three panels: accuracy vs tokens per forward and vs tokens/s for every frontier point (small,
-    validation split) and each mode's chosen point (star, test split); the training loss curve. One
-    legend under the panels names each mode's colour."""
+    validation split) and each mode's result at its chosen knobs (star, test split); the training loss
+    curve. One legend under the panels names each mode's colour."""
     fig, axes = plt.subplots(1, 3, figsize=(16, 5.2), layout="constrained")
-    modes = list(dict.fromkeys([p["mode"] for p in points] + [r["mode"] for r in chosen]))
-    labels = {m: next((p.get("label", m) for p in points + chosen if p["mode"] == m), m) for m in modes}
+    modes = list(dict.fromkeys([p.mode for p in points] + [r.mode for r in chosen]))
+    labels = {m: next((p.label for p in [*points, *chosen] if p.mode == m), m) for m in modes}
     for ax, x, xlabel in ((axes[0], "tokens_per_forward", "tokens per forward pass"),
                           (axes[1], "tokens_per_s", "generated tokens / s (this machine)")):
         for mode in modes:
-            pts = [p for p in points if p["mode"] == mode]
-            ax.scatter([p[x] for p in pts], [100 * p["accuracy"] for p in pts], s=14, alpha=0.45,
+            pts = [p for p in points if p.mode == mode]
+            ax.scatter([getattr(p, x) for p in pts], [100 * p.accuracy for p in pts], s=14, alpha=0.45,
                        color=MODE_COLORS.get(mode), clip_on=False)
         for r in chosen:
-            ax.scatter(r[x], 100 * r["accuracy"], s=90, marker="*", color=MODE_COLORS.get(r["mode"]),
+            ax.scatter(getattr(r, x), 100 * r.accuracy, s=90, marker="*", color=MODE_COLORS.get(r.mode),
                        edgecolors="black", linewidths=0.6, zorder=3, clip_on=False)
         ax.set_xlabel(xlabel)
         _accuracy_axis(ax)
         ax.grid(alpha=0.3)
-        if _spans_decades([p[x] for p in points + chosen]):
+        if _spans_decades([getattr(p, x) for p in [*points, *chosen]]):
             ax.set_xscale("log")
     axes[0].set_title("frontier: accuracy vs parallelism")
     axes[1].set_title("accuracy vs wall clock")
@@ -154,12 +155,12 @@ def frontier_figure(points: list[dict], chosen: list[dict], loss_curve: list[tup
     if title:
         fig.suptitle(title)
     for ax, x in ((axes[0], "tokens_per_forward"), (axes[1], "tokens_per_s")):
-        place_labels(ax, [(r[x], 100 * r["accuracy"], r.get("label", r["mode"])) for r in chosen])
+        place_labels(ax, [(getattr(r, x), 100 * r.accuracy, r.label) for r in chosen])
     return fig
 
 
-def frontier_plot(points: list[dict], chosen: list[dict], loss_curve: list[tuple[int, float]] | None, path: str,
-                  title: str = "") -> None:
+def frontier_plot(points: list[FrontierPoint], chosen: list[ModeResult], loss_curve: list[tuple[int, float]] | None,
+                  path: str, title: str = "") -> None:
     """`frontier_figure`, written to `path` (PNG)."""
     _save(frontier_figure(points, chosen, loss_curve, title), path)
 

@@ -104,8 +104,7 @@ def render_report(workdir: str, report: Report | None = None) -> None:
         with open(os.path.join(workdir, "report.json")) as f:
             report = Report.from_json(json.load(f))
     atomic_write(os.path.join(workdir, "report.md"), report_markdown(report))
-    points = [p.to_json() for p in report.frontier.points] if report.frontier else []
-    frontier_plot(points, [r.to_json() for r in report.modes], report.loss_curve,
+    frontier_plot(report.frontier.points if report.frontier else [], report.modes, report.loss_curve,
                   os.path.join(workdir, "report.png"), "Zarya quickstart")
 
 

@@ -34,12 +34,11 @@ from ..inference import Inference, load_for_inference
 from .. import lora as lora_lib
 from ..train import draft_model as draft_model_run
 from ..train import drafter as drafter_run
-from ..train.config import SECTIONS as TRAINER_SECTIONS
 from ..train.config import RunConfig
 from ..train.loop import train as train_loop
 from ..train.metrics import read_metrics
 from ..train.preemption import Interrupted
-from .config import DraftModelRun, DrafterRun, GoalsSection, TaskSection
+from .config import DraftModelRun, DrafterRun, GoalsSection, TaskDrafterRun, TaskSection
 from .results import Frontier, Target, TrainSummary
 
 
@@ -135,38 +134,34 @@ def train(trainer: RunConfig, splits: Splits, workdir: str, *, hooks=(), force: 
     return Trained(summary["final_params"], TrainSummary.of(summary), loss_curve(train_dir))
 
 
-def side_run(trainer: RunConfig, base: Inference, train_file: str, *, steps: int, batch_size: int, optim,
-             **train) -> dict:
-    """The sections of a run trained beside the base checkpoint (the drafter, the draft model): the
-    trainer's model runtime, zarya, mesh, data and train settings, on `train_file` with its own `steps`,
-    `batch_size` and `optim`, the base checkpoint's tokenizer and prompt format (it must read the ids the
-    base reads), no evaluation or intermediate checkpoints, and the `train` fields given."""
+def side_run(trainer: RunConfig, base: Inference, train_file: str, **train) -> dict:
+    """The trainer sections of a run trained beside the base checkpoint (the drafter, the draft model,
+    `train.config.SideRunConfig`; its own section brings its steps, batch and optimizer): the trainer's model
+    runtime, mesh, data and train settings, on `train_file`, with the base checkpoint's tokenizer and prompt
+    format (it must read the ids the base reads), no evaluation or intermediate checkpoints, and the `train`
+    fields given."""
     data = dataclasses.replace(trainer.data, train=(train_file,), eval=(), tokenizer=base.tokenizer_spec,
-                               batch_size=batch_size, **dataclasses.asdict(base.prompt_format))
-    run = dataclasses.replace(trainer.train, steps=steps, eval_every=0, save_every=0, init_from="",
-                              async_checkpointing=False, **train)
-    sections = trainer.replace(data=data, train=run, optim=optim)
-    return {name: getattr(sections, name) for name in TRAINER_SECTIONS}
+                               **dataclasses.asdict(base.prompt_format))
+    run = dataclasses.replace(trainer.train, eval_every=0, save_every=0, init_from="", async_checkpointing=False,
+                              **train)
+    return {"model": trainer.model, "data": data, "mesh": trainer.mesh, "train": run}
 
 
 def drafter_config(drafter: DrafterRun, trainer: RunConfig, base: Inference,
                    train_file: str) -> drafter_run.DrafterRunConfig:
     """The drafter's run: its `drafter` section (adapter, objective, DCD, optimizer, steps, batch) beside the
-    base checkpoint (`side_run`)."""
-    return drafter_run.DrafterRunConfig(
-        **side_run(trainer, base, train_file, steps=drafter.steps, batch_size=drafter.batch_size,
-                   optim=drafter.optim, export_final=False),
-        lora=drafter.lora, drafter=drafter.objective, dcd=drafter.dcd)
+    base checkpoint (`side_run`), as `experiments.train_drafter` runs it."""
+    return drafter_run.DrafterRunConfig(**side_run(trainer, base, train_file, export_final=False), drafter=drafter)
 
 
-def drafter_data(drafter: DrafterRun, task: TaskSection, splits: Splits, workdir: str) -> str:
+def drafter_data(drafter: TaskDrafterRun, task: TaskSection, splits: Splits, workdir: str) -> str:
     """The drafter's training file: the experiment's own, or with `drafter.task_difficulty` / `task_seed`
     the embedded task's shifted problems (written to `workdir/drafter_data/train.jsonl`, the held-out
     prompts excluded)."""
     if not drafter.shifted():
         return splits.train
     held = {r["prompt"] for path in (splits.test, splits.val) if path for r in tasks.read_jsonl(path)}
-    records = tasks.generate(task.num_train, drafter.task_seed if drafter.task_seed >= 0 else task.seed,
+    records = tasks.generate(task.num_train, task.seed if drafter.task_seed is None else drafter.task_seed,
                              drafter.task_difficulty or task.difficulty, exclude=held)
     path = os.path.join(workdir, "drafter_data", "train.jsonl")
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -186,25 +181,13 @@ def train_drafter(drafter: DrafterRun, trainer: RunConfig, base: Inference, trai
     return dataclasses.replace(base, adapter=adapter, lora=lora)
 
 
-def draft_model_size(draft_model: DraftModelRun, lora: LoraConfig, base: Inference):
-    """The draft model's config for the base: its explicit size, else sized to `params_ratio` × the
-    parameters of the LoRA adapter `lora` (the experiment's drafter's) on the base."""
-    d = draft_model
-    if d.hidden_size:
-        return draft_model_run.draft_model_config(base.config, base.config.replace(
-            hidden_size=d.hidden_size, intermediate_size=d.intermediate_size, num_layers=d.num_layers,
-            num_heads=d.num_heads, num_kv_heads=d.num_kv_heads, tie_word_embeddings=True))
-    return draft_model_run.sized_to(base.config, int(d.params_ratio * draft_model_run.lora_budget(base.config, lora)))
-
-
-def draft_model_config(draft_model: DraftModelRun, trainer: RunConfig, lora: LoraConfig, base: Inference,
+def draft_model_config(draft_model: DraftModelRun, trainer: RunConfig, base: Inference,
                        train_file: str) -> draft_model_run.DraftModelRunConfig:
     """The draft model's run: its `draft_model` section (size, objective, optimizer, steps, batch) beside the
-    base checkpoint (`side_run`), trained with the next-token trainer and exported."""
-    sections = side_run(trainer, base, train_file, steps=draft_model.steps, batch_size=draft_model.batch_size,
-                        optim=draft_model.optim, export_final=True, objective="ar")
-    sections["model"] = draft_model_size(draft_model, lora, base).with_runtime_of(trainer.model)
-    return draft_model_run.DraftModelRunConfig(**sections, draft=draft_model.objective)
+    base checkpoint (`side_run`), trained with the next-token trainer and exported, as
+    `experiments.train_draft_model` runs it."""
+    return draft_model_run.DraftModelRunConfig(**side_run(trainer, base, train_file, export_final=True),
+                                               draft_model=draft_model)
 
 
 def train_draft_model(draft_model: DraftModelRun, trainer: RunConfig, lora: LoraConfig, base: Inference,
@@ -213,7 +196,7 @@ def train_draft_model(draft_model: DraftModelRun, trainer: RunConfig, lora: Lora
     `workdir/draft_model`; returns `base` with it. `lora`: the drafter's adapter, what its size is relative to."""
     out = os.path.join(workdir, "draft_model")
     summary = _completed(draft_model_run.train_draft_model(
-        draft_model_config(draft_model, trainer, lora, base, train_file), base.ckpt, out, force=force),
+        draft_model_config(draft_model, trainer, base, train_file), base.ckpt, out, lora=lora, force=force),
         "draft model training")
     return base.with_draft_model(summary["final_params"], verify=trainer.train.verify_checkpoints)
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
 from .. import overrides as ov
-from ..config import MAX_STEPS, ConfigError, ModelConfig, ZaryaConfig, preset
+from ..config import MAX_STEPS, RUNTIME_FIELDS, ConfigError, ModelConfig, ZaryaConfig, preset
 from ..data.pipeline import DataConfig
 from .divergence import DivergenceConfig
 from .optim import OptimConfig
@@ -87,12 +87,77 @@ class RunConfig:
     def replace(self, **sections) -> "RunConfig":
         return dataclasses.replace(self, **sections)
 
-    def run_config(self) -> "RunConfig":
-        """The trainer's sections only (for an entry point's extension of RunConfig)."""
-        return RunConfig(**{name: getattr(self, name) for name in SECTIONS})
-
 
 SECTIONS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RunConfig))
+
+
+@dataclasses.dataclass(frozen=True)
+class SideRunConfig:
+    """A run trained beside a frozen base checkpoint (Uno's drafter, a draft model), composed as the
+    experiment's: the trainer's sections it reads — `model` (its runtime fields only, `RUNTIME_FIELDS`: the
+    structure is the base checkpoint's or its own section's), `data`, `mesh`, `train` — and, in a subclass,
+    its own section (the field named `SECTION`: a `DrafterRun` or a `DraftModelRun`) with the run's `steps`,
+    `batch_size` and `optim`. The same section is the experiment's (`drafter.*`, `draft_model.*`), so a key is
+    spelled alike on both command lines; the trainer keys it holds (`train.steps`, `data.batch_size`,
+    `optim.*`) and the keys of the former flat layout are errors naming theirs (`MOVED_KEYS`)."""
+
+    model: ModelConfig
+    data: DataConfig = DataConfig()
+    mesh: MeshConfig = MeshConfig()
+    train: TrainConfig = TrainConfig()
+
+    SECTION: ClassVar[str] = ""
+    MOVED_KEYS: ClassVar[dict[str, str]] = {}
+
+    @property
+    def section(self) -> Any:
+        """The run's own section (`drafter`, `draft_model`)."""
+        return getattr(self, self.SECTION)
+
+    def run_config(self, model: ModelConfig, **train) -> RunConfig:
+        """The `RunConfig` the training loop takes: `model` (the structure trained or read) run with this
+        config's runtime fields, the section's steps, batch and optimizer, and the `train` fields given."""
+        side = self.section
+        return RunConfig(model=model.with_runtime_of(self.model), optim=side.optim, mesh=self.mesh,
+                         data=dataclasses.replace(self.data, batch_size=side.batch_size),
+                         train=dataclasses.replace(self.train, steps=side.steps, **train))
+
+    @staticmethod
+    def moved(section: str) -> dict[str, str]:
+        """{trainer key: its key now} of the knobs a side run's section holds: steps, batch and optimizer."""
+        return {"train.steps": f"{section}.steps", "data.batch_size": f"{section}.batch_size",
+                **{f"optim.{f.name}": f"{section}.optim.{f.name}" for f in dataclasses.fields(OptimConfig)}}
+
+    @classmethod
+    def base_keys(cls, keys: tuple[str, ...]) -> dict[str, str]:
+        """{key of the base run's config: this run's key} for the settings it takes from the run that trained
+        its base (`train.inherit.from_base`): its batch and optimizer settings go to its section."""
+        moved = cls.moved(cls.SECTION)
+        return {key: moved.get(key, key) for key in keys}
+
+    @classmethod
+    def load(cls, name_or_path: str, overrides: list[str] | dict[str, Any] = (),
+             defaults: dict[str, Any] | None = None):
+        """The run from a preset or YAML/JSON file, `defaults` and the dotted overrides. A file may be a
+        whole run config (a preset): of its sections this run reads `data`, `mesh`, `train` and the model's
+        runtime fields, not the base run's `zarya`, `optim`, `train.steps` or `data.batch_size` (the
+        section's `steps`, `batch_size`, `optim` are this run's). A moved key, or a structural `model.*`
+        key, is an error naming the key to use."""
+        flat = {**(defaults or {}), **ov.parse_all(overrides)}
+        ov.check_moved(cls, flat)
+        runtime = [f"model.{f}" for f in RUNTIME_FIELDS]
+        structural = [k for k in flat if k.startswith("model.") and k not in runtime + ["model.preset"]]
+        if structural:
+            raise ConfigError(f"config key {structural[0]!r}: the model's structure is the base checkpoint's "
+                              f"(--base); this run sets only its runtime fields {runtime}")
+        raw = load_raw(name_or_path)
+        names = {f.name for f in dataclasses.fields(cls)}
+        raw = {k: v for k, v in raw.items() if k in names or k not in SECTIONS}  # unknown sections still refused
+        for section, key in (("train", "steps"), ("data", "batch_size")):
+            if isinstance(raw.get(section), dict):
+                raw[section] = {k: v for k, v in raw[section].items() if k != key}
+        return build(raw, flat, cls)
+
 
 # The one definition of the knobs that do not change a run's results. PRESENTATION: how a run is shown or
 # checked (two runs that differ only there are the same experiment, `experiment.config.comparable`);
@@ -131,10 +196,13 @@ def degenerate(run: RunConfig) -> list[str]:
 
 
 def knobs(cls: type = RunConfig) -> list[tuple[str, str, Any]]:
-    """(dotted key, type, default) of every overridable knob of a run config class (`RunConfig` or an
-    entry point's extension of it); `model.*` defaults come from the preset."""
+    """(dotted key, type, default) of every overridable knob of a run config class (`RunConfig` or a
+    `SideRunConfig`: its model's runtime fields, not the keys it has moved); `model.*` defaults come from
+    the preset."""
+    side = issubclass(cls, SideRunConfig)  # the model's runtime fields only, none of the keys it moved
     return [("model.preset", "str", "-")] + [
-        (key, tname, "(preset)" if default == "(required)" else default) for key, tname, default in ov.keys(cls)]
+        (key, tname, "(preset)" if default == "(required)" else default) for key, tname, default in ov.keys(cls)
+        if not side or (key not in cls.MOVED_KEYS and (not key.startswith("model.") or key[6:] in RUNTIME_FIELDS))]
 
 
 def presets() -> list[str]:
@@ -165,15 +233,16 @@ def load_raw(name_or_path: str) -> dict[str, Any]:
 
 
 def build(raw: dict[str, Any], overrides: list[str] | dict[str, Any] = (), cls: type = RunConfig) -> RunConfig:
-    """A run config (`cls`: RunConfig or an extension with more sections) from a raw nested dict (a
-    config file's sections) plus dotted overrides."""
+    """A run config (`cls`: RunConfig or a `SideRunConfig`: sections, `model` first) from a raw nested dict
+    (a config file's sections) plus dotted overrides."""
     sections = tuple(f.name for f in dataclasses.fields(cls))
+    flat = ov.parse_all(overrides)
+    ov.check_moved(cls, flat)  # before the model's keys are taken out below
     unknown = set(raw) - set(sections)
     if unknown:
         raise ConfigError(f"unknown config sections {sorted(unknown)}: expected {list(sections)}")
     model = raw.get("model") or {}
     model = {"preset": model} if isinstance(model, str) else dict(model)
-    flat = ov.parse_all(overrides)
     for key in [k for k in flat if k.startswith("model.")]:
         model[key.partition(".")[2]] = flat.pop(key)
     preset_name = model.pop("preset", None)

@@ -2,24 +2,28 @@
 
 A draft model is a small Qwen3 that reads and writes the base's ids: its structure (`SIZE_FIELDS`) is
 its own, everything else (vocabulary, special ids, positions, RoPE, norms) is the base checkpoint's
-(`draft_model_config`). Its size is given explicitly or as a parameter budget (`sized_to`: the largest
-model of the base's shape family within the budget, every parameter counted, the tied embedding once).
-`train_draft_model` trains it on the data with `draft.loss` = "ntp" (the AR trainer's next-token loss)
-or "tv" (distilled from the frozen base, `objectives.distill`) and exports it to WORKDIR/final, a normal
-checkpoint (`zarya_jax.checkpoint.load`, `inference.load_for_inference`). The draft settings and the
-base checkpoint's content are part of the run's identity (`train.identity`), as for Uno's drafter. The
-data are read with a tokenizer that must be the base's (`train.inherit.check_tokenizer`).
+(`draft_model_config`). `DraftModelRun` is its run's own section, the experiment's `draft_model` section
+too: `steps`, `batch_size`, optimizer (`optim`), objective (`objective`, `DistillConfig`: `loss` "tv",
+distilled from the frozen base, `objectives.distill`, or "ntp", the AR trainer's next-token loss) and
+size: explicit (`hidden_size` > 0 …) or a parameter budget (`sized_to`: the largest model of the base's
+shape family within `params_ratio` × a gated-LoRA adapter's parameters, every parameter counted, the tied
+embedding once). `DraftModelRunConfig` (the command line's) is the trainer's `model` (runtime fields),
+`data`, `mesh` and `train` sections plus `draft_model` (`train.config.SideRunConfig`), so its keys are the
+experiment's: `draft_model.objective.loss`, `draft_model.optim.lr`, `draft_model.hidden_size`.
+`train_draft_model` trains it on the data and exports it to WORKDIR/final, a normal checkpoint
+(`zarya_jax.checkpoint.load`, `inference.load_for_inference`). The draft settings and the base
+checkpoint's content are part of the run's identity (`train.identity`), as for Uno's drafter. The data
+are read with a tokenizer that must be the base's (`train.inherit.check_tokenizer`).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 import jax
 
-from .. import overrides as ov
 from ..config import ConfigError, LoraConfig, ModelConfig, PromptFormat
 from ..files import atomic_write_json
 from .. import checkpoint as ckpt_lib
@@ -31,6 +35,7 @@ from . import inherit
 from .hooks import Hook
 from .identity import file_fingerprint
 from .loop import train
+from .optim import OptimConfig
 
 SIZE_FIELDS = ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                "tie_word_embeddings")
@@ -79,49 +84,105 @@ def sized_to(base: ModelConfig, budget: int) -> ModelConfig:
     return best
 
 
+# Uno trains a draft model, as its adapter, without weight decay on a short cosine schedule of its own
+DRAFT_MODEL_OPTIM = OptimConfig(lr=3e-3, warmup_steps=20, schedule="cosine", weight_decay=0.0)
+EXPLICIT_SIZE = ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads")
+
+
 @dataclasses.dataclass(frozen=True)
-class DraftModelRunConfig(rc.RunConfig):
-    """The run sections (`model` gives the draft model's size, `SIZE_FIELDS`; the rest comes from the
-    base checkpoint) plus `draft` (the loss)."""
+class DraftModelRun:
+    """An independent draft model for a frozen checkpoint (docs/algorithms.md §7.6): its objective
+    (`objective`, `DistillConfig`: `loss` tv, distilled from the base, + `ce_weight` × cross-entropy: 1 by
+    default, as TV alone stalls from a random init, see docs/uno.md; or ntp, next-token loss on the data),
+    its optimizer (`optim`: AdamW at lr 3e-3, 20 warmup steps, cosine, no weight decay), its run (`steps`,
+    `batch_size`) and its size: explicit (`hidden_size` > 0, with `intermediate_size`, `num_layers`,
+    `num_heads`, `num_kv_heads`, the base's head_dim; embeddings tied), or `params_ratio` × the parameters
+    of a gated-LoRA adapter on the base (the experiment's drafter's `drafter.lora`, the command line's
+    `--lora-rank`; `sized_to`)."""
 
-    draft: DistillConfig = DistillConfig()
+    steps: int = 300
+    batch_size: int = 16
+    objective: DistillConfig = DistillConfig(loss="tv", ce_weight=1.0)
+    optim: OptimConfig = DRAFT_MODEL_OPTIM
+    params_ratio: float = 1.0
+    hidden_size: int = 0
+    intermediate_size: int = 0
+    num_layers: int = 0
+    num_heads: int = 0
+    num_kv_heads: int = 0
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"draft_model.{name}={getattr(self, name)}: expected ≥ 1")
+        if not self.params_ratio > 0:
+            raise ConfigError(f"draft_model.params_ratio={self.params_ratio}: expected > 0")
+        if self.hidden_size and any(getattr(self, f) < 1 for f in EXPLICIT_SIZE):
+            raise ConfigError(f"draft_model: an explicit size (hidden_size={self.hidden_size}) needs every one of "
+                              f"{list(EXPLICIT_SIZE)} ≥ 1, got {[getattr(self, f) for f in EXPLICIT_SIZE]}")
+
+    def size(self, base: ModelConfig, lora: LoraConfig) -> ModelConfig:
+        """The draft model's config for `base`: its explicit size, else sized to `params_ratio` × the
+        parameters of the adapter `lora` on the base."""
+        if self.hidden_size:
+            return draft_model_config(base, base.replace(tie_word_embeddings=True,
+                                                         **{f: getattr(self, f) for f in EXPLICIT_SIZE}))
+        return sized_to(base, int(self.params_ratio * lora_budget(base, lora)))
 
 
-DEFAULTS = {"train.objective": "ar"}
+# The keys of the former flat draft-model section, and where each lives now.
+MOVED_KEYS = {**{f"draft_model.{f.name}": f"draft_model.objective.{f.name}" for f in dataclasses.fields(DistillConfig)},
+              "draft_model.lr": "draft_model.optim.lr", "draft_model.warmup_steps": "draft_model.optim.warmup_steps"}
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftModelRunConfig(rc.SideRunConfig):
+    """`python -m experiments.train_draft_model`'s config: the trainer's `model` (runtime fields; the rest
+    is the base checkpoint's and the section's size), `data`, `mesh`, `train`, and the `draft_model` section."""
+
+    draft_model: DraftModelRun = DraftModelRun()
+
+    SECTION: ClassVar[str] = "draft_model"
+    # the command line's former keys (`draft.*`, the size as `model.*`) and the trainer keys the section holds
+    MOVED_KEYS: ClassVar[dict[str, str]] = {
+        **MOVED_KEYS, **rc.SideRunConfig.moved("draft_model"),
+        **{f"draft.{f.name}": f"draft_model.objective.{f.name}" for f in dataclasses.fields(DistillConfig)},
+        **{f"model.{f}": f"draft_model.{f}" for f in EXPLICIT_SIZE}}
 
 
 def load_config(name_or_path: str, overrides: list[str] | dict[str, Any] = ()) -> DraftModelRunConfig:
-    """A preset or YAML/JSON file, then the dotted overrides (`model.hidden_size=…`, `draft.loss=tv`, …)."""
-    return rc.load(name_or_path, {**DEFAULTS, **ov.parse_all(overrides)}, cls=DraftModelRunConfig)
+    """A preset or YAML/JSON file (its data, mesh and train sections and the model's runtime fields), then
+    the dotted overrides (`draft_model.hidden_size=…`, `draft_model.objective.loss=ntp`, …)."""
+    return DraftModelRunConfig.load(name_or_path, overrides)
 
 
 def _settings(base: str, model: ModelConfig, draft: DistillConfig) -> dict:
+    """What WORKDIR/draft_model.json records."""
     return {"base": os.path.abspath(base), "draft": dataclasses.asdict(draft),
             "model": {f: getattr(model, f) for f in SIZE_FIELDS}, "params": model.num_params()}
 
 
-def train_draft_model(cfg: DraftModelRunConfig, base: str, workdir: str, *, force: bool = False,
-                      hooks: Sequence[Hook] = ()) -> dict:
-    """Trains (or resumes) a draft model for the checkpoint `base` into `workdir`; returns the loop's
-    summary (`final_params`: the exported draft checkpoint, WORKDIR/final, when the run completed).
+def train_draft_model(cfg: DraftModelRunConfig, base: str, workdir: str, *, lora: LoraConfig = LoraConfig(rank=16),
+                      force: bool = False, hooks: Sequence[Hook] = ()) -> dict:
+    """Trains (or resumes) a draft model for the checkpoint `base` into `workdir`, sized by
+    `cfg.draft_model` (a budget relative to the adapter `lora` on the base); returns the loop's summary
+    (`final_params`: the exported draft checkpoint, WORKDIR/final, when the run completed).
     WORKDIR/draft_model.json records the settings."""
     if not os.path.isdir(base):
         raise FileNotFoundError(f"--base {base!r}: expected a checkpoint directory")
     base_config = ckpt_lib.load_config(base)
     inherit.check_tokenizer(cfg.data.tokenizer, base, base_config, cfg.train.allow_tokenizer_mismatch, "--base")
-    run = cfg.run_config()
-    model = draft_model_config(base_config, run.model)
+    run = cfg.run_config(cfg.draft_model.size(base_config, lora), objective="ar", init_from="")
+    model, draft = run.model, cfg.draft_model.objective
     recorded = ckpt_lib.load_prompt_format(base)
-    data = run.data
-    if recorded is not None and PromptFormat.of(data) == PromptFormat():  # render as the base was trained
-        data = dataclasses.replace(data, **dataclasses.asdict(recorded))
-    run = run.replace(model=model, data=data, train=dataclasses.replace(run.train, objective="ar", init_from=""))
-    settings = _settings(base, model, cfg.draft)
+    if recorded is not None and PromptFormat.of(run.data) == PromptFormat():  # render as the base was trained
+        run = run.replace(data=dataclasses.replace(run.data, **dataclasses.asdict(recorded)))
+    settings = _settings(base, model, draft)
     frozen = objective = None
-    if cfg.draft.loss == "tv":
+    if draft.loss == "tv":
         verify = run.train.verify_checkpoints
         frozen = lambda mesh: ckpt_lib.load(base, mesh=mesh, verify=verify)[0]  # straight onto the run's mesh
-        objective = distill_objective(model, base_config, cfg.draft)
+        objective = distill_objective(model, base_config, draft)
     else:
         objective = ar_objective(model)
     sums = file_fingerprint(os.path.join(base, ckpt_lib.CHECKSUMS_FILE))

@@ -105,10 +105,13 @@ def base_run_config(base: str) -> tuple[str, dict] | None:
     return (run_dir, raw) if same else None
 
 
-def from_base(base: str, explicit: dict[str, Any], keys: tuple[str, ...]) -> tuple[dict[str, Any], str | None]:
+def from_base(base: str, explicit: dict[str, Any],
+              keys: tuple[str, ...] | dict[str, str]) -> tuple[dict[str, Any], str | None]:
     """The overrides a run on base checkpoint `base` takes from it, below the command line's `explicit` ones:
     `data.tokenizer` (the checkpoint's tokenizer) and `keys` from the run that trained it (when `base` is
-    RUN/final); and a one-line note listing them (None when there are none)."""
+    RUN/final; a mapping {key of that run's config: this run's key} where they differ, e.g. a drafter's batch
+    is `drafter.batch_size`); and a one-line note listing them (None when there are none)."""
+    keys = keys if isinstance(keys, dict) else {key: key for key in keys}
     out: dict[str, Any] = {}
     own = ckpt_lib.tokenizer_dir(base)
     if "data.tokenizer" not in explicit and own is not None:
@@ -116,10 +119,10 @@ def from_base(base: str, explicit: dict[str, Any], keys: tuple[str, ...]) -> tup
     found = base_run_config(base)
     if found is not None:
         raw = found[1]
-        for key in keys:
+        for key, ours in keys.items():
             section, _, name = key.partition(".")
-            if key not in explicit and name in (raw.get(section) or {}):
-                out[key] = raw[section][name]
+            if ours not in explicit and name in (raw.get(section) or {}):
+                out[ours] = raw[section][name]
     if not out:
         return out, None
     source = f"{base} and its run {found[0]}" if found is not None else base
