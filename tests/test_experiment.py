@@ -3,6 +3,7 @@
 report equal to the report.json it wrote; the LoRA drafter trains on the base checkpoint's tokenizer;
 the loader's tokenizer precedence."""
 import json
+import re
 import os
 
 import jax
@@ -175,6 +176,12 @@ def test_composed_sections_reach_the_side_runs():
         "drafter.optim.weight_decay": 0.1, "draft_model.optim.lr": 1e-4, "draft_model.objective.loss": "ntp",
         "optim.weight_decay": 0.2})) and hash(changed) != hash(config)
     assert {config: 1}[default_config()] == 1  # a dict key, e.g. a cache of one compile per config
+    # a composed section's own check names the key the user wrote, not the section's local name
+    for key, value, says in (("drafter.optim.lr", -1, "drafter.optim.lr=-1.0"), ("drafter.lora.rank", 0, "drafter.lora.rank=0"),
+                             ("draft_model.objective.ce_weight", -1, "draft_model.objective.ce_weight=-1.0"),
+                             ("drafter.dcd.passes", 1, "drafter.dcd.passes=1")):
+        with pytest.raises(ConfigError, match="^" + re.escape(says)):
+            overrides.apply(config, {key: value})
     # a config as report.json records it reads back as the same config (every default settable)
     for c in (config, overrides.apply(changed, {"drafter.task_seed": 5}), overrides.apply(config, ["drafter.task_seed=null"])):
         assert overrides.build(ExperimentConfig, json.loads(json.dumps(overrides.to_dict(c)))) == c

@@ -39,6 +39,7 @@ import difflib
 from collections import abc
 import functools
 import math
+import re
 import types
 import typing
 from typing import Any, Iterable, Mapping
@@ -304,6 +305,25 @@ def build(cls, values: Mapping[str, Any], prefix: str = "", *, base: Any = None)
         return dataclasses.replace(base, **kwargs) if base is not None else cls(**kwargs)
     except TypeError as e:
         raise ConfigError(f"config section {prefix.rstrip('.') or cls.__name__!r}: {e}") from None
+    except ConfigError as e:
+        if not prefix or getattr(e, "keyed", False):
+            raise
+        raise _keyed(e, prefix, cls) from None
+
+
+def _keyed(error: ConfigError, prefix: str, cls) -> ConfigError:
+    """A section's own check (`__post_init__`) names its field in the section's words (`optim.lr`,
+    `LoraConfig.rank`); composed under `prefix` the same class is reached by another key
+    (`drafter.optim.lr`, `rl.refresh_optim.lr`), so the message is given the key the user wrote."""
+    message = str(error)
+    head = re.match(r"[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*\.([A-Za-z_]\w*)(?=[=:\s])", message)
+    if head and head.group(1) in _by_external_name(cls):
+        message = prefix + head.group(1) + message[head.end():]
+    else:
+        message = f"{prefix.rstrip('.')}: {message}"
+    keyed = ConfigError(message)
+    keyed.keyed = True
+    return keyed
 
 
 def _default(f: dataclasses.Field, missing: Any = None):
