@@ -196,15 +196,16 @@ def test_first_three_tokens_joint_distribution(drafter, top_k):
 
 
 def test_fused_modes_have_their_own_knobs():
-    """The fused modes are modes of their own ("spec-self-fused", "spec-lora-fused"), whose one knob is K:
-    a knob of two-pass speculation is refused naming the mode's fields; the LoRA drafter's adapter is
-    checked as two-pass's is."""
+    """The fused modes are modes of their own ("spec-self-fused", "spec-lora-fused"), whose knobs are K and
+    the drafts' proposal: a knob of two-pass speculation is refused naming the mode's fields; the LoRA
+    drafter's adapter is checked as two-pass's is."""
     for name, cls in (("spec-self-fused", fused.FusedSelf), ("spec-lora-fused", fused.FusedLora)):
         gc = GenerationConfig(mode=name).with_knobs(draft_length=3)
         assert gc.mode == cls(draft_length=3) and gc.mode.lossless and gc.mode.short() == "K=3"
         gc.validate(CFG)
         for knob in ("draft_passes", "draft_when_active_below", "fused", "drafter"):
-            with pytest.raises(ValueError, match=rf"not a field of mode '{name}' \(\['draft_length'\]\)"):
+            with pytest.raises(ValueError, match=rf"not a field of mode '{name}' \(\['draft_length', 'proposal', "
+                                                 r"'proposal_temperature'\]\)"):
                 gc.with_knobs(**{knob: 2})
         with pytest.raises(ValueError, match=f"knobs.{name}.draft_length=0: expected an integer ≥ 1"):
             gc.with_knobs(draft_length=0).validate(CFG)

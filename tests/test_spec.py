@@ -19,21 +19,29 @@ from zarya_jax.testing import SPEC_SMALL, ragged_prompts, sharp_params, two_toke
 
 
 # ------------------------------------------------------------------ accept / residual
-@pytest.mark.parametrize("greedy", [False, True])
-def test_accept_residual_reproduces_p(greedy):
-    """Draft c ~ q, accept with min(1, p/q), else a residual draw: the emitted token is ~ p exactly
-    (V = 8, 10^6 draws per (p, q) pair). Greedy: the emitted token is argmax p."""
+@pytest.mark.parametrize("greedy,proposal", [(False, "sample"), (False, "argmax"), (False, "tempered"),
+                                             (True, "sample")])
+def test_accept_residual_reproduces_p(greedy, proposal):
+    """Draft c from the proposal q' built from the drafter's q (`spec.proposal`: q itself, the point mass at
+    argmax q, or softmax(log q / τ)), accept with min(1, p/q'), else a residual draw: the emitted token is
+    ~ p exactly (V = 8, 10^6 draws per (p, q) pair), the first draft is accepted with probability
+    Σ min(p, q') (for argmax: p(argmax q)), and an argmax draft is never its own correction (the residual
+    is p without it). Greedy: the emitted token is argmax p."""
     v, k = 8, 2
     n = 10_000 if greedy else 1_000_000
     key = jax.random.PRNGKey(0)
+    gc = GenerationConfig(mode=spec.SpecLora(proposal=proposal, proposal_temperature=0.5), temperature=1.0)
+    qdist, qdraw = spec.proposal(SPEC_SMALL.replace(mask_token_id=None), gc)
 
     @jax.jit
     def emitted(key):
         kp, kq, kd, ka = jax.random.split(key, 4)
         # a sharp p and a flat-ish q, so rejections are common and the residual path is exercised
         p = jax.nn.softmax(2.0 * jax.random.normal(kp, (k + 1, v)), -1)
-        q = jax.nn.softmax(0.5 * jax.random.normal(kq, (k, v)), -1)
-        drafts = spec.sample_from_probs(kd, jnp.broadcast_to(q, (n, k, v)))
+        q_logits = 0.5 * jax.random.normal(kq, (k, v))
+        q = qdist(q_logits, None)
+        drafts = spec.sample_from_probs(kd, jnp.broadcast_to(q, (n, k, v))) if greedy else \
+            qdraw(kd, jnp.broadcast_to(q_logits, (n, k, v)), None)
         m, tok = spec.accept_drafts(jnp.broadcast_to(p, (n, k + 1, v)), jnp.broadcast_to(q, (n, k, v)), drafts, ka,
                                     greedy=greedy)
         first = jnp.where(m >= 1, drafts[:, 0], tok)  # the token emitted at the first draft position
@@ -46,9 +54,12 @@ def test_accept_residual_reproduces_p(greedy):
             ok = drafts == np.argmax(p[:k], -1)[None]
             np.testing.assert_array_equal(m, np.cumprod(ok, 1).sum(1))
             continue
+        if proposal == "argmax":
+            assert (q.max(-1) == 1.0).all() and (drafts == np.argmax(q, -1)[None]).all()
+            assert (tok[m == 0] != drafts[m == 0, 0]).all()
         hist = np.bincount(first, minlength=v) / n
         assert 0.5 * np.abs(hist - p[0]).sum() < 3e-3, (hist, p[0])
-        # draft statistics are those of q, and acceptance of draft 1 happens with prob Σ min(p, q)
+        # draft statistics are those of q', and acceptance of draft 1 happens with prob Σ min(p, q')
         assert 0.5 * np.abs(np.bincount(drafts[:, 0], minlength=v) / n - q[0]).sum() < 3e-3
         assert abs((m >= 1).mean() - np.minimum(p[0], q[0]).sum()) < 3e-3
         # all accepted → the bonus comes from the last target row

@@ -18,17 +18,19 @@ over a window of (K+1) + (K+1)·B rows holds
     verify row m, whose K/V is the AR K/V either way. So the adapter's training layout (a clean seed,
     then noise rows that see it, `objectives.drafter`) is the fused layout too, and d'_i is the
     two-pass draft c_i of a window of F = K+1 rows: the same adapter serves both loops.
-Acceptance is `spec.accept_drafts` unchanged (greedy: argmax match; sampling: min(1, p/q), the
-residual at the first rejection, else a bonus from p_{K+1}), so the output is the AR model's
-distribution exactly; only the drafts are one token blinder than two-pass speculation's (they do not
-see e). The cycle commits the K/V of `y, d1 … dm` (computed against the cache: the AR K/V), keeps e as
-the next y and takes block m's draft rows as the next drafts and q. Each emitted token has its AR
+Acceptance is `spec.accept_drafts` unchanged (greedy: argmax match; sampling: min(1, p/q) with q the
+distribution the drafts were drawn from by the mode's `proposal` (`spec.proposal`), the residual at the
+first rejection, else a bonus from p_{K+1}), so the output is the AR model's distribution exactly;
+only the drafts are one token blinder than two-pass speculation's (they do not see e). The cycle
+commits the K/V of `y, d1 … dm` (computed against the cache: the AR K/V), keeps e as the next y and
+takes block m's draft rows as the next drafts and q. Each emitted token has its AR
 logits at hand (d_j from verify row j−1, e from row m), so its log-probability costs nothing.
 
-Every cycle has K drafts, so the only knob is `draft_length` = K (`Fused`). The first cycle's drafts come from the
-prefill itself: one causal pass over each prompt followed by B−1 noise rows (`prefill_and_draft`) commits
-the prompt minus y and reads the rows of y and the noise as a scenario block (for the LoRA drafter y's
-row is its AR row, so d1 is drawn from p itself). Forward passes per row: the prefill and one per cycle.
+Every cycle has K drafts, so the knobs are `draft_length` = K and the drafts' `proposal` (`Fused`). The
+first cycle's drafts come from the prefill itself: one causal pass over each prompt followed by B−1 noise
+rows (`prefill_and_draft`) commits the prompt minus y and reads the rows of y and the noise as a scenario
+block (for the LoRA drafter y's row is its AR row, so d1 is proposed from p itself). Forward passes per
+row: the prefill and one per cycle.
 
 Statistics (as `spec.summarize`): `accepted_per_cycle` (mean m, drafts kept), `tokens_per_cycle`
 (mean m+1), `tokens_per_forward` (generated tokens / decode passes: one per cycle),
@@ -38,7 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, ClassVar
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -51,28 +53,19 @@ from ..lora import noise_tokens
 from . import decoding, spec
 from .config import GenerationConfig
 from .decoder import Decoder
-from .mode import Mode, expect_int
 
 Array = jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
-class Fused(Mode):
-    """Fused Ψ-Spec's knob: draft_length, K drafts per cycle (module doc)."""
-
-    lossless = True
-    drafter: ClassVar[str]
-
-    draft_length: int = 8
-
-    def check(self, gc) -> None:
-        expect_int(self, "draft_length", 1)
+class Fused(spec.Speculative):
+    """Fused Ψ-Spec's knobs (module doc): `spec.Speculative`'s, with draft_length K drafts per cycle."""
 
     def lookahead(self) -> int:
         return 2 * self.draft_length  # the last scenario rows reach K positions past the last draft
 
     def short(self) -> str:
-        return f"K={self.draft_length}"
+        return f"K={self.draft_length}" + self.proposal_label()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +136,7 @@ def prefill_and_draft(params, config: ModelConfig, prompts: Array, lengths: Arra
 class Window:
     """One fused decode's constants: the weights, the drafter, the sizes (K drafts, w = K+1 verify rows,
     B rows per scenario block, `first` draft row of a block: 1 (self, MDM convention) or 0 (LoRA,
-    next-token)), the sampling rule (`spec.target`), EOS and the key."""
+    next-token)), the sampling rule (`spec.target`), the drafts' (`spec.proposal`), EOS and the key."""
 
     params: dict
     lora_params: dict | None
@@ -152,6 +145,8 @@ class Window:
     lora: LoraConfig | None
     dist: Callable
     draw: Callable
+    qdist: Callable
+    qdraw: Callable
     eos: int | None
     key: Array
     b: int
@@ -191,9 +186,10 @@ class Window:
         return {} if self.self_drafts else {"gate": jnp.broadcast_to(on, (self.b,) + on.shape[1:])}
 
     def drafts_from(self, k: Array, logits: Array, presence) -> tuple[Array, Array]:
-        """drafts ~ q and q itself; any q is lossless, so the penalty set is the committed text's."""
+        """The drafts (by the mode's `proposal`) and the distribution they were drawn from; any q is
+        lossless, so the penalty set is the committed text's."""
         pres = None if presence is None else presence[:, None, :]
-        return self.draw(k, logits, pres), self.dist(logits, pres)
+        return self.qdraw(k, logits, pres), self.qdist(logits, pres)
 
 
 def _start(fx: Window, prompts: Array, lengths: Array) -> dict:
@@ -263,18 +259,21 @@ def fused_cycle(fx: Window, s: dict) -> dict:
 
 
 @functools.partial(jax.jit, static_argnames=("config", "gcfg", "lora"))
-def fused_decode(params, lora_params, prompts: Array, lengths: Array, key: Array, max_cycles: Array, *,
-                 config: ModelConfig, gcfg: GenerationConfig, lora: LoraConfig | None = None) -> dict:
+def fused_decode(params, lora_params, prompts: Array, lengths: Array, key: Array, max_cycles: Array,
+                 tau: Array | None = None, *, config: ModelConfig, gcfg: GenerationConfig,
+                 lora: LoraConfig | None = None) -> dict:
     """Fused Ψ-Spec decode (module doc) with the drafter of `gcfg.mode` (`FusedSelf`: lora_params and lora
     None; `FusedLora`: the adapter). prompts int [b, P] right-padded, lengths int [b] ≥ 1; max_cycles
     int32 scalar (traced; cycle c's randomness is fold_in(key, c + 1), the prefill's drafts'
-    fold_in(key, 0)). Returns the keys of `spec.spec_decode` ('accepted_at', 'reached_at' per draft
-    d1 … dK; 'seed' is y, 'positions' n) plus 'drafts' [b, K]."""
+    fold_in(key, 0)); tau float32 scalar or None (traced `proposal_temperature`; None: the mode's).
+    Returns the keys of `spec.spec_decode` ('accepted_at', 'reached_at' per draft d1 … dK; 'seed' is y,
+    'positions' n) plus 'drafts' [b, K]."""
     prompts = prompts.astype(jnp.int32)
     lengths = lengths.astype(jnp.int32)
     dist, draw = spec.target(config, gcfg)
+    qdist, qdraw = spec.proposal(config, gcfg, tau)
     fx = Window(params=params, lora_params=lora_params, config=config, gcfg=gcfg, lora=lora, dist=dist, draw=draw,
-                eos=decoding.special_ids(config, gcfg)[0], key=key, b=prompts.shape[0])
+                qdist=qdist, qdraw=qdraw, eos=decoding.special_ids(config, gcfg)[0], key=key, b=prompts.shape[0])
     G = gcfg.max_new_tokens
     s = jax.lax.while_loop(lambda s: jnp.any(~s["done"]) & (s["cycle"] < jnp.minimum(max_cycles, G)),
                            functools.partial(fused_cycle, fx), _start(fx, prompts, lengths))
@@ -286,9 +285,11 @@ def fused_decode(params, lora_params, prompts: Array, lengths: Array, key: Array
 
 def run(params, tokens: Array, lengths: Array, key: Array, *, config: ModelConfig, gcfg: GenerationConfig,
         debug: bool = False, knobs: Fused | None = None, lora_params=None, lora: LoraConfig | None = None) -> dict:
-    """The decoder's run: `fused_decode` with the whole budget, without the final cache."""
-    raw = fused_decode(params, lora_params, tokens, lengths, key, jnp.int32(gcfg.max_new_tokens), config=config,
-                       gcfg=gcfg, lora=lora)
+    """The decoder's run: `fused_decode` with the whole budget and the traced `proposal_temperature` of
+    `knobs`, without the final cache."""
+    tau = None if knobs is None else knobs.arrays().proposal_temperature
+    raw = fused_decode(params, lora_params, tokens, lengths, key, jnp.int32(gcfg.max_new_tokens), tau,
+                       config=config, gcfg=gcfg, lora=lora)
     return {k: v for k, v in raw.items() if k != "cache"}
 
 

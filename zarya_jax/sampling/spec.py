@@ -11,7 +11,8 @@ at logical position n−1):
      weights. Row 0 gives p0 (AR convention, it sees only committed text); the mask row at n+j gives
      q_j for its own position (MDM convention), j = 1 … F−1. The mask at n is context only (c0 is
      drawn from p0).
-   c0 ~ p0, c_j ~ q_j. Nothing is committed.
+   c0 ~ p0, c_j ~ q_j. Nothing is committed. (`proposal` = "argmax" / "tempered" draws c_j = argmax q_j
+   / c_j ~ softmax(log q_j / τ) instead, and q_j below stands for that distribution: docs/algorithms.md §7.8.)
 2. Verify pass with the AR weights over `[seed, c0 … c_{F−1}]` at n−1 … n+F−1 against the same cache:
    row j + 1 gives p_{j+1} (the seed row recomputes the seed's AR K/V, so the cache is not written
    between the passes).
@@ -45,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Callable, ClassVar
 
 import jax
@@ -58,38 +60,81 @@ from ..lora import check_lora, noise_tokens, redraft_tokens
 from . import decoding, primitives
 from .config import GenerationConfig
 from .decoder import Decoder
-from .mode import Mode, expect_fraction, expect_int
+from .mode import Mode, expect_choice, expect_fraction, expect_int
 
 Array = jax.Array
 
 
-@dataclasses.dataclass(frozen=True)
-class TwoPass(Mode):
-    """The knobs of two-pass Ψ-Spec with either drafter (`SpecSelf`, `SpecLora`).
+PROPOSALS = ("sample", "argmax", "tempered")
 
-    draft_length: F, the drafts c0 … c_{F−1} of a cycle.
+
+@dataclasses.dataclass(frozen=True)
+class Speculative(Mode):
+    """The knobs every speculative mode shares (`TwoPass`, `fused.Fused`, `spec_model.SpecModel`).
+
+    draft_length: the drafts per cycle (F, or K in the fused modes).
+    proposal: how a draft is drawn from the drafter's distribution q (after temperature, top-k, top-p
+      and the repetition penalty) at temperature > 0, and so what it is verified against
+      (docs/algorithms.md §7.8): "sample" c ~ q; "argmax" c = argmax q, a point mass (accepted with
+      probability p(c)); "tempered" c ~ softmax(log q / proposal_temperature). Every choice is lossless;
+      greedy decoding ignores it. Static: each choice computes something else (argmax draws no noise).
+    proposal_temperature: τ > 0 of "tempered" (τ → 0 is "argmax", τ = 1 "sample"); read by no other
+      proposal. Traced: a sweep over τ reuses one program.
+    """
+
+    TRACED = ("proposal_temperature",)
+    CHOICES = {"proposal": PROPOSALS}
+    lossless = True
+    drafter: ClassVar[str]
+
+    draft_length: int = 8
+    proposal: str = "sample"
+    proposal_temperature: float = 0.5
+
+    def check(self, gc) -> None:
+        expect_int(self, "draft_length", 1)
+        expect_choice(self, "proposal")
+        tau = self.proposal_temperature
+        if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0.0 < tau < math.inf:
+            raise ValueError(f"{self.knob_name('proposal_temperature')}={tau!r}: expected a finite temperature > 0")
+
+    def canonical(self, max_new_tokens: int) -> "Speculative":
+        """Only the tempered proposal reads τ: the others take its default."""
+        if self.proposal == "tempered":
+            return self
+        return dataclasses.replace(self, proposal_temperature=type(self).proposal_temperature)
+
+    def proposal_label(self) -> str:
+        """"", " argmax" or " tempered τ=…" for `short`."""
+        if self.proposal == "sample":
+            return ""
+        return f" {self.proposal}" + (f" τ={self.proposal_temperature:g}" if self.proposal == "tempered" else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class TwoPass(Speculative):
+    """The knobs of two-pass Ψ-Spec with either drafter (`SpecSelf`, `SpecLora`): `Speculative`'s, with
+    draft_length F (the drafts c0 … c_{F−1} of a cycle), and
+
     draft_when_active_below: a cycle drafts only while the still-active rows are at most this fraction
       of the batch, else it is one AR pass (one token, one forward): speculation where decoding is
       memory-bound, in the same compiled loop. 1.0 drafts every cycle, 0.0 never drafts (plain AR
       through the spec loop). Traced: no recompile per value.
     """
 
-    TRACED = ("draft_when_active_below",)
-    lossless = True
-    drafter: ClassVar[str]
+    TRACED = Speculative.TRACED + ("draft_when_active_below",)
 
-    draft_length: int = 8
     draft_when_active_below: float = 1.0
 
     def check(self, gc) -> None:
-        expect_int(self, "draft_length", 1)
+        super().check(gc)
         expect_fraction(self, "draft_when_active_below", "a fraction of the batch's rows in [0, 1]")
 
     def lookahead(self) -> int:
         return self.draft_length  # the cache's slack rows: the last cycle's drafts past the budget
 
     def short(self) -> str:
-        return f"F={self.draft_length}"
+        return f"F={self.draft_length}" + self.proposal_label()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,8 +168,10 @@ class SpecLora(TwoPass):
 def accept_drafts(p: Array, q: Array, drafts: Array, key: Array, *, greedy: bool) -> tuple[Array, Array]:
     """Speculative acceptance for K drafts per row (docs/algorithms.md §7.3 step 3).
 
-    p: [b, K+1, V] target probs at the K draft positions plus the bonus position; q: [b, K, V] draft
-    probs; drafts: int [b, K] (c_j ~ q_j).
+    p: [b, K+1, V] target probs at the K draft positions plus the bonus position; q: [b, K, V] the
+    distributions the drafts were drawn from (`proposal`: q itself, a point mass or a tempered q);
+    drafts: int [b, K] (c_j ~ q_j). Lossless for any q (§7.8); a point mass at c accepts with p(c) and
+    its residual is p without c.
     Returns (m int [b] ∈ 0…K accepted prefix length, token int [b]: the correction at index m if m < K,
     else the bonus from p[:, K]).
     """
@@ -135,7 +182,7 @@ def accept_drafts(p: Array, q: Array, drafts: Array, key: Array, *, greedy: bool
     else:
         pc = jnp.take_along_axis(p[:, :k], drafts[..., None], axis=-1)[..., 0]
         qc = jnp.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]
-        # u < p/q written without the division: q(c) > 0 because c was drawn from q
+        # u < p/q written without the division: q(c) > 0 because c was drawn from q (a point mass: q(c) = 1)
         ok = accept_uniform(ku, (b, k)) * qc < pc
     m = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1)
     p_m = jnp.take_along_axis(p, m[:, None, None], axis=1)[:, 0]
@@ -176,6 +223,34 @@ def target(config: ModelConfig, gcfg: GenerationConfig):
                                  presence, config.mask_token_id)
 
     return dist, draw
+
+
+def proposal(config: ModelConfig, gcfg: GenerationConfig, tau: Array | float | None = None):
+    """(qdist, qdraw) of the mode's `proposal` (docs/algorithms.md §7.8), as `target`'s pair for the drafts:
+    qdraw(key, logits, presence) draws drafts from the drafter's logits, qdist(logits, presence) is the
+    distribution they were drawn from, which `accept_drafts` verifies them against. "sample" is `target`
+    itself (c ~ q); "argmax" the point mass at argmax q; "tempered" softmax(log q / τ) with τ = `tau`
+    (traced; None: the mode's `proposal_temperature`). Greedy (temperature 0): `target`, whatever the
+    proposal (the draft is argmax q and verification compares argmaxes)."""
+    dist, draw = target(config, gcfg)
+    kind = gcfg.mode.proposal if gcfg.temperature > 0 else "sample"
+    if kind == "sample":
+        return dist, draw
+    knobs = (gcfg.top_k, gcfg.top_p, gcfg.repetition_penalty)
+    if kind == "argmax":  # argmax q is the argmax of the untempered, unfiltered logits (penalty and mask applied)
+        return (lambda logits, presence: primitives.probs(logits, 0.0, *knobs, presence, config.mask_token_id),
+                lambda key, logits, presence: primitives.sample(key, logits, 0.0, *knobs, presence,
+                                                                config.mask_token_id))
+    tau = gcfg.mode.proposal_temperature if tau is None else tau
+
+    def log_q(logits, presence):  # log q / τ, up to a constant per row; −inf off q's support
+        return primitives.process_logits(logits, gcfg.temperature, *knobs, presence, config.mask_token_id) / tau
+
+    def qdraw(key, logits, presence):
+        z = log_q(logits, presence)
+        return jnp.argmax(z + primitives.gumbel(key, z.shape), axis=-1).astype(jnp.int32)
+
+    return (lambda logits, presence: jax.nn.softmax(log_q(logits, presence), axis=-1)), qdraw
 
 
 def presence_rows(presence: Array | None, tokens: Array) -> Array | None:
@@ -222,8 +297,9 @@ def lora_draft(params, lora_params, cache: dict, toks: Array, n: Array, *, confi
 def redraft(params, lora_params, cache: dict, seed: Array, n: Array, drafts: Array, logits: Array, key: Array, draw,
             presence, *, config: ModelConfig, passes: int, lora: LoraConfig) -> tuple[Array, Array]:
     """Passes 2 … `passes` of a multi-pass LoRA draft (docs/algorithms.md §7.7): each re-drafts the window from the
-    previous pass's drafts (`redraft_tokens`) and draws c_1 … c_{F−1} again from its q; c0 (from the exact
-    p0) is kept. drafts int [b, F], logits [b, F, V] of pass 1. Returns the last pass's (drafts, logits)."""
+    previous pass's drafts (`redraft_tokens`) and draws c_1 … c_{F−1} again from its q by `draw` (the
+    proposal's: the drafts fed forward are the proposed ones); c0 (from the exact p0) is kept. drafts int
+    [b, F], logits [b, F, V] of pass 1. Returns the last pass's (drafts, logits)."""
     first = jnp.arange(drafts.shape[1])[None, :] == 0
     for k in range(1, passes):
         toks = redraft_tokens(jnp.where(first, seed[:, None], drafts), drafts, jnp.broadcast_to(first, drafts.shape))
@@ -272,7 +348,7 @@ def running(max_cycles: Array, gcfg: GenerationConfig):
 @dataclasses.dataclass(frozen=True)
 class Cycle:
     """What both kinds of cycle read: the weights and their configs, the key, the static sizes (F draft
-    positions, draft passes per cycle), the sampling rule (`target`) and EOS."""
+    positions, draft passes per cycle), the sampling rule (`target`), the drafts' (`proposal`) and EOS."""
 
     params: dict
     lora_params: dict | None
@@ -282,12 +358,19 @@ class Cycle:
     lora: LoraConfig | None
     dist: Callable
     draw: Callable
+    qdist: Callable
+    qdraw: Callable
     eos: int | None
     b: int
 
     @property
     def F(self) -> int:
         return self.gcfg.mode.draft_length
+
+    @property
+    def sampled(self) -> bool:
+        """Whether the drafts are drawn by `draw` itself (the "sample" proposal, or greedy decoding)."""
+        return self.gcfg.temperature == 0 or self.gcfg.mode.proposal == "sample"
 
     @property
     def passes(self) -> int:  # the LoRA drafter's `draft_passes`; one for the self drafter
@@ -317,12 +400,15 @@ def _drafts(cy: Cycle, s: dict, k_noise: Array, k_draw: Array) -> tuple[Array, A
     # matters), so the draft rows reuse that set instead of building one per row.
     pres_d = None if s["presence"] is None else s["presence"][:, None, :]
     drafts = cy.draw(k_draw, logits_d, pres_d)  # c0 ~ p0, c_j ~ q_j
+    if not cy.sampled:  # c0 ~ p0 (emitted unverified); c_j from the proposal, whose row j reuses the noise of
+        # `draw`'s row j (a row's noise is its own: c0's is row 0's), so "tempered" at τ = 1 is "sample"
+        drafts = jnp.where(cy.idx_f == 0, drafts, cy.qdraw(k_draw, logits_d, pres_d))
     if cy.passes > 1:  # the last pass's q_j is verified, and its c_j ~ q_j: lossless for any number of passes
-        drafts, logits_q = redraft(cy.params, cy.lora_params, c, s["seed"], n, drafts, logits_d, k_draw, cy.draw,
+        drafts, logits_q = redraft(cy.params, cy.lora_params, c, s["seed"], n, drafts, logits_d, k_draw, cy.qdraw,
                                    pres_d, config=cy.config, passes=cy.passes, lora=cy.lora)
     else:
         logits_q = logits_d
-    return drafts, logits_d, cy.dist(logits_q[:, 1:], pres_d), pres_d
+    return drafts, logits_d, cy.qdist(logits_q[:, 1:], pres_d), pres_d
 
 
 def spec_cycle(cy: Cycle, s: dict) -> tuple[dict, tuple]:
@@ -388,17 +474,17 @@ def ar_cycle(cy: Cycle, s: dict) -> tuple[dict, tuple]:
 
 @functools.partial(jax.jit, static_argnames=("config", "gcfg", "lora"))
 def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array, max_cycles: Array,
-                draft_below: Array | None = None, *, config: ModelConfig, gcfg: GenerationConfig,
-                lora: LoraConfig | None = None) -> dict:
+                draft_below: Array | None = None, tau: Array | None = None, *, config: ModelConfig,
+                gcfg: GenerationConfig, lora: LoraConfig | None = None) -> dict:
     """Ψ-Spec decode (module doc). prompts int [b, P] right-padded, lengths int [b] ≥ 1; max_cycles
     int32 scalar (traced: stopping early reuses the program; cycle k's randomness is fold_in(key, k)).
     draft_below: float32 scalar or None (traced, `draft_when_active_below`): a cycle drafts only while
     the active rows are at most this fraction of the batch, else it is one AR pass (`ar_cycle`); None
-    drafts every cycle.
+    drafts every cycle. tau: float32 scalar or None (traced, `proposal_temperature`; None: the mode's).
 
     `gcfg` gives max_new_tokens G, the mode (`SpecSelf` or `SpecLora`: the drafter, draft_length F,
-    draft_passes), temperature/top-k/top-p/repetition penalty (applied identically to p and q, so the
-    target is exactly the AR sampler's distribution), EOS. Returns {'tokens' [b, G] (pad after the end),
+    draft_passes, proposal), temperature/top-k/top-p/repetition penalty (applied identically to p and q,
+    so the target is exactly the AR sampler's distribution), EOS. Returns {'tokens' [b, G] (pad after the end),
     'lengths' [b] (first EOS included), 'logprobs' [b, G] (`decoding.logprobs_of` each token under the
     AR model, 0 after the end), 'num_forward_passes' [b], 'loop_passes', 'row_cycles' [b] (cycles of
     either kind), 'row_draft_cycles' [b], 'accepted_sum', 'accepted_at' [F], 'reached_at' [F], 'cache',
@@ -408,8 +494,9 @@ def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array,
     prompts = prompts.astype(jnp.int32)
     lengths = lengths.astype(jnp.int32)
     dist, draw = target(config, gcfg)
+    qdist, qdraw = proposal(config, gcfg, tau)
     cy = Cycle(params=params, lora_params=lora_params, key=key, config=config, gcfg=gcfg, lora=lora, dist=dist,
-               draw=draw, eos=decoding.special_ids(config, gcfg)[0], b=b)
+               draw=draw, qdist=qdist, qdraw=qdraw, eos=decoding.special_ids(config, gcfg)[0], b=b)
     cache, seed = prefill_but_last(params, config, prompts, lengths, cache_rows(gcfg, P), gcfg.kv_cache_dtype)
     state = dict(cache=cache, seed=seed, n=lengths, **loop_state(prompts, lengths, config, gcfg, cy.F),
                  row_draft_cycles=jnp.zeros((b,), jnp.int32), row_passes=jnp.ones((b,), jnp.int32),
@@ -477,9 +564,11 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config: ModelConfi
         debug: bool = False, knobs: SpecSelf | SpecLora | None = None, lora_params=None,
         lora: LoraConfig | None = None) -> dict:
     """The decoder's run: `spec_decode` with the whole budget (at most `max_new_tokens` cycles) and the
-    traced `draft_when_active_below` of `knobs` (None: every cycle drafts), without the final cache."""
-    below = None if knobs is None else knobs.arrays().draft_when_active_below
-    raw = spec_decode(params, lora_params, tokens, lengths, key, jnp.int32(gcfg.max_new_tokens), below,
+    traced `draft_when_active_below` (None: every cycle drafts) and `proposal_temperature` of `knobs`,
+    without the final cache."""
+    knobs = None if knobs is None else knobs.arrays()
+    below, tau = (None, None) if knobs is None else (knobs.draft_when_active_below, knobs.proposal_temperature)
+    raw = spec_decode(params, lora_params, tokens, lengths, key, jnp.int32(gcfg.max_new_tokens), below, tau,
                       config=config, gcfg=gcfg, lora=lora)
     return {k: v for k, v in raw.items() if k != "cache"}
 

@@ -10,13 +10,15 @@ n−1); the base cache holds the text except the seed, the draft cache the text 
 1. Draft: F forwards of the draft model against its cache, each committing its own K/V (so the next
    one sees it). The first is the window `[prev, seed]` at n−2, n−1 (in the first cycle the prefill
    already holds `prev`: that row is masked out and not committed); its seed row gives q_1. Forward j
-   (j = 1 … F−1) feeds d_j at n+j−1 and gives q_{j+1}. d_j ~ q_j, drawn by the same rule as the AR
+   (j = 1 … F−1) feeds d_j at n+j−1 and gives q_{j+1}. q_j is built by the same rule as the AR
    sampler's (temperature / top-k / top-p / repetition penalty over the text so far and d_1 … d_{j−1},
-   `spec.target`).
+   `spec.target`), and d_j is drawn from it by the mode's `proposal` (`spec.proposal`: d_j ~ q_j,
+   argmax q_j, or tempered q_j), so the drafts fed forward are the proposed ones.
 2. Verify: the base over `[seed, d_1 … d_F]` at n−1 … n+F−1 against its cache: row i gives p_{i+1},
    the AR distribution of position n+i (row F: the bonus position).
-3. `spec.accept_drafts`: d_j accepted left to right with probability min(1, p_j(d_j)/q_j(d_j)); at the
-   first rejection a correction ~ normalize(max(0, p_j − q_j)); if all F pass, a bonus ~ p_{F+1}.
+3. `spec.accept_drafts`: d_j accepted left to right with probability min(1, p_j(d_j)/q_j(d_j)), q_j the
+   distribution d_j was drawn from; at the first rejection a correction ~ normalize(max(0, p_j − q_j));
+   if all F pass, a bonus ~ p_{F+1}.
    Greedy: accept iff d_j = argmax p_j; the correction/bonus is argmax p.
 4. Commit: the base keeps the verify rows of `seed, d_1 … d_m` (AR K/V, computed against the cache);
    the draft cache's length is cut back to the new text minus its last two tokens (its rows are at
@@ -50,32 +52,25 @@ from .. import model as model_lib
 from . import decoding, spec
 from .config import GenerationConfig
 from .decoder import Decoder
-from .mode import Mode, expect_int
 
 Array = jax.Array
 SHARED_IDS = ("vocab_size", "mask_token_id", "eos_token_id", "pad_token_id")
 
 
 @dataclasses.dataclass(frozen=True)
-class SpecModel(Mode):
-    """Speculative sampling with a draft model (`generate`'s `draft_params`, `draft_config`).
-    draft_length: F, the draft model's tokens per cycle (it drafts every cycle)."""
+class SpecModel(spec.Speculative):
+    """Speculative sampling with a draft model (`generate`'s `draft_params`, `draft_config`): the knobs of
+    `spec.Speculative`, draft_length F the draft model's tokens per cycle (it drafts every cycle)."""
 
     name = "spec-model"
     label = "spec, draft model"
-    lossless = True
     drafter = "model"
-
-    draft_length: int = 8
-
-    def check(self, gc) -> None:
-        expect_int(self, "draft_length", 1)
 
     def lookahead(self) -> int:
         return self.draft_length
 
     def short(self) -> str:
-        return f"F={self.draft_length}"
+        return f"F={self.draft_length}" + self.proposal_label()
 
 
 def draft_step_mask(b: int, has_prev: Array) -> Array:
@@ -88,7 +83,8 @@ def draft_step_mask(b: int, has_prev: Array) -> Array:
 def draft_tokens(draft_params, draft_config: ModelConfig, cache: dict, prev: Array, seed: Array, n: Array,
                  has_prev: Array, active: Array, presence: Array | None, key: Array, *, draw, draft_length: int):
     """Step 1 of the cycle (module doc): F draft-model forwards against `cache` (the text minus `prev,
-    seed`). Returns (drafts int [b, F], their draft logits fp32 [b, F, V], the cache with `prev` (when
+    seed`); `draw` (the proposal's, `spec.proposal`) draws each d_j, the token the next forward is fed.
+    Returns (drafts int [b, F], their draft logits fp32 [b, F, V], the cache with `prev` (when
     `has_prev`), the seed and d_1 … d_{F−1} committed for the active rows)."""
     b = seed.shape[0]
     pos = (n - 2)[:, None] + jnp.arange(2, dtype=jnp.int32)[None, :]
@@ -114,10 +110,12 @@ def draft_tokens(draft_params, draft_config: ModelConfig, cache: dict, prev: Arr
 
 
 @functools.partial(jax.jit, static_argnames=("config", "draft_config", "gcfg"))
-def spec_model_decode(params, draft_params, prompts: Array, lengths: Array, key: Array, max_cycles: Array, *,
-                      config: ModelConfig, draft_config: ModelConfig, gcfg: GenerationConfig) -> dict:
+def spec_model_decode(params, draft_params, prompts: Array, lengths: Array, key: Array, max_cycles: Array,
+                      tau: Array | None = None, *, config: ModelConfig, draft_config: ModelConfig,
+                      gcfg: GenerationConfig) -> dict:
     """Speculative decode with a draft model (module doc). prompts int [b, P] right-padded, lengths int [b]
-    ≥ 1; max_cycles int32 scalar (traced; cycle k's randomness is fold_in(key, k)).
+    ≥ 1; max_cycles int32 scalar (traced; cycle k's randomness is fold_in(key, k)); tau float32 scalar or
+    None (traced `proposal_temperature`; None: the mode's).
 
     Returns {'tokens' [b, G], 'lengths' [b], 'logprobs' [b, G], 'num_forward_passes' [b] (base passes),
     'draft_forwards' [b], 'loop_passes', 'row_cycles' [b], 'accepted_sum', 'accepted_at' [F],
@@ -129,7 +127,8 @@ def spec_model_decode(params, draft_params, prompts: Array, lengths: Array, key:
     eos, _ = decoding.special_ids(config, gcfg)
     prompts = prompts.astype(jnp.int32)
     lengths = lengths.astype(jnp.int32)
-    dist, draw = spec.target(config, gcfg)
+    dist, _ = spec.target(config, gcfg)
+    qdist, qdraw = spec.proposal(config, gcfg, tau)
     rows = spec.cache_rows(gcfg, P)
     cache, seed = spec.prefill_but_last(params, config, prompts, lengths, rows, gcfg.kv_cache_dtype)
     dcache, _ = spec.prefill_but_last(draft_params, draft_config, prompts, lengths, rows, gcfg.kv_cache_dtype)
@@ -143,12 +142,12 @@ def spec_model_decode(params, draft_params, prompts: Array, lengths: Array, key:
         k_draft, k_acc = jax.random.split(jax.random.fold_in(key, s["cycle"]))
         active, n = ~s["done"], s["n"]
         drafts, q_logits, dcache = draft_tokens(draft_params, draft_config, s["dcache"], s["prev"], s["seed"], n,
-                                                s["cycle"] > 0, active, s["presence"], k_draft, draw=draw,
+                                                s["cycle"] > 0, active, s["presence"], k_draft, draw=qdraw,
                                                 draft_length=F)
         window = jnp.concatenate([s["seed"][:, None], drafts], axis=1)  # [seed, d_1 … d_F]
         # row i's penalty set: the committed text (seed included) and d_1 … d_i, for q_{i+1} and p_{i+1} alike
         pres = spec.presence_rows(s["presence"], window)
-        q = dist(q_logits, None if pres is None else pres[:, :F])
+        q = qdist(q_logits, None if pres is None else pres[:, :F])
         logits_v, kv_v = model_lib.apply(params, config, window, (n - 1)[:, None] + idx_v, cache=s["cache"])
         p = dist(logits_v, pres)
         m, nxt = spec.accept_drafts(p, q, drafts, k_acc, greedy=greedy)
@@ -210,8 +209,10 @@ def check_draft_model(config: ModelConfig, gcfg: GenerationConfig, draft_params,
 def run(params, tokens: Array, lengths: Array, key: Array, *, config: ModelConfig, gcfg: GenerationConfig,
         debug: bool = False, knobs: SpecModel | None = None, draft_params=None,
         draft_config: ModelConfig | None = None) -> dict:
-    """The decoder's run: `spec_model_decode` with the whole budget, without the final caches."""
-    raw = spec_model_decode(params, draft_params, tokens, lengths, key, jnp.int32(gcfg.max_new_tokens),
+    """The decoder's run: `spec_model_decode` with the whole budget and the traced `proposal_temperature` of
+    `knobs`, without the final caches."""
+    tau = None if knobs is None else knobs.arrays().proposal_temperature
+    raw = spec_model_decode(params, draft_params, tokens, lengths, key, jnp.int32(gcfg.max_new_tokens), tau,
                             config=config, draft_config=draft_config, gcfg=gcfg)
     return {k: v for k, v in raw.items() if k not in ("cache", "draft_cache")}
 
