@@ -126,7 +126,7 @@ def test_results_read_back_strictly():
     metric of another schema is never dropped in silence)."""
     row = ModeResult(mode="spec-lora", label="spec, LoRA drafter", examples=2, accuracy=0.5, tokens_per_forward=2.5,
                      tokens_per_s=10.0, generated_tokens=20, wall_s=2.0, compile_s=1.0, batch_size=2,
-                     generation_config={"max_new_tokens": 8, "mode": {"draft_length": 4}}, tokens_per_s_batch1=5.0,
+                     generation_config={"max_new_tokens": 8, "mode": "spec-lora", "draft_length": 4}, tokens_per_s_batch1=5.0,
                      batch1_examples=1, compile_s_batch1=0.5, speedup_vs_ar=1.5, speedup_vs_ar_batch1=1.2,
                      knobs={"draft_length": 4}, point="F=4", validation_accuracy=1.0, accepted_per_cycle=1.5,
                      acceptance_by_position=[1.0, 0.5, 0.25, 0.0])

@@ -207,3 +207,30 @@ def test_frontier_config_is_hashable_and_written_as_before():
     doc = json.loads(json.dumps(ov.to_dict(changed)))
     assert doc["grid"] == {"mdm": {"steps": [4, 8], "alpha0": [0.5]}, "slotted": {"slot_size": [4]}}
     assert FrontierConfig(**doc) == changed  # read back from the JSON
+
+
+def test_a_mode_with_no_point_at_the_budget_is_refused_when_the_config_is_built():
+    """A grid whose every point exceeds eval.max_new_tokens (a slot of 16 for 8 new tokens) would sweep
+    the other modes and then have nothing to choose: refused up front, naming the grid."""
+    from zarya_jax.experiment import default_config
+
+    with pytest.raises(ConfigError, match=r"frontier.grid.slotted: no point of it decodes at eval.max_new_tokens=8"):
+        ov.apply(default_config(), {"frontier.grid.slotted.slot_size": [16], "eval.max_new_tokens": 8,
+                                    "eval.knobs.slotted.slot_size": 4})
+    ok = ov.apply(default_config(), {"frontier.grid.slotted.slot_size": [4, 16], "eval.max_new_tokens": 8,
+                                     "eval.knobs.slotted.slot_size": 4})
+    assert {m for m, _ in frontier.grid_points(ok.frontier, ok.eval.modes, 8)} == set(ok.eval.modes)
+
+
+def test_a_grid_override_replaces_the_keys_it_shares_a_field_with():
+    """Setting one field of a default joint key replaces that key; {} leaves a mode (or every mode) one point."""
+    from zarya_jax.experiment import default_config
+
+    config = default_config()
+    slotted = dict(ov.apply(config, {"frontier.grid.slotted.ar_infill": [True]}).frontier.grid["slotted"])
+    assert "ar_infill,ar_first_token" not in slotted and slotted["ar_infill"] == (True,)
+    assert slotted["slot_size"] == dict(config.frontier.grid["slotted"])["slot_size"]  # the others kept
+    emptied = ov.apply(config, ["frontier.grid.mdm={}"]).frontier
+    assert dict(emptied.grid)["mdm"] == {} and emptied.grid["slotted"] == config.frontier.grid["slotted"]
+    assert [k for m, k in frontier.grid_points(emptied, ["mdm"], 32)] == [{}]  # one point: mode A's defaults
+    assert dict(ov.apply(config, ["frontier.grid={}"]).frontier.grid) == {}

@@ -299,6 +299,10 @@ def test_config_refuses_off_policy_modes_and_tiny_groups():
         rl_config.build(["rl.top_k=3"])  # the loss would score another distribution than the rollouts sample
     with pytest.raises(ValueError, match="train.init_from='x': not read by RL"):
         rl_config.build(["train.init_from=x"])
+    with pytest.raises(ValueError, match="proposal"):
+        rl_config.build(["rl.arm=self", "rl.proposal=beam"])
+    mode = rl_config.build(["rl.arm=frozen", "rl.proposal=argmax"]).rl.generation_config().mode
+    assert (mode.name, mode.proposal) == ("spec-lora", "argmax")  # the drafts' proposal reaches the sampler
     cfg = rl_config.build(["rl.refresh_optim.lr=3e-4", "optim.lr=2e-5", "train.divergence.zero_grad_steps=3"])
     assert (cfg.rl.refresh_optim.lr, cfg.optim.lr, cfg.train.divergence.zero_grad_steps) == (3e-4, 2e-5, 3)
     # what a resumed run may change: the shared loop's list (one definition) and data.eval_size

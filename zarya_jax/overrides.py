@@ -298,7 +298,8 @@ def build(cls, values: Mapping[str, Any], prefix: str = "", *, base: Any = None)
             kwargs[f.name] = build(tp, value, key + ".", base=current)
         elif _is_mapping(tp) and isinstance(value, Mapping):
             current = getattr(base, f.name) if base is not None else _default(f)
-            kwargs[f.name] = merged(current if isinstance(current, Mapping) else {}, value)
+            merge = getattr(cls, f"merge_{f.name}", merged)  # a class may say how its mapping merges
+            kwargs[f.name] = merge(current if isinstance(current, Mapping) else {}, value)
         else:
             kwargs[f.name] = coerce(key, value, types_[f.name])
     try:

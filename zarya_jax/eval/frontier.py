@@ -62,7 +62,9 @@ class FrontierConfig:
       B's `serial_num_blocks` 0 = one slot per block, NB = G // S) are kept once, and a point that cannot
       run at the budget is dropped (`grid_points`). A mode without a key is one point, its defaults.
       `--set frontier.grid.<mode>.<field>=[…]` (sweep files alike) replaces one key's values and keeps
-      the others. Every point is checked against its mode when the config is built. Defaults: `DEFAULT_GRID`.
+      the others, but those it shares a field with (setting `ar_infill` alone replaces the joint
+      `ar_infill,ar_first_token`); `frontier.grid.<mode>={}` leaves the mode one point, its defaults
+      (`merge_grid`). Every point is checked against its mode when the config is built. Defaults: `DEFAULT_GRID`.
       Held as a `FrozenMap` of `FrozenMap`s of tuples, so the config is hashable.
     tolerance: the fraction of the validation examples a chosen point may lose to AR (answer wrongly where AR
       is right); 0 (the default) asks for every answer AR gets right — parallel decoding at AR quality, the
@@ -73,6 +75,26 @@ class FrontierConfig:
     grid: Mapping[str, Mapping[str, tuple]] = dataclasses.field(default_factory=lambda: DEFAULT_GRID)
     tolerance: float = 0.0
     enabled: bool = True
+
+    @staticmethod
+    def merge_grid(grid: Mapping, update: Mapping) -> dict:
+        """`grid` with the overrides `update` ({mode: {key: values}}) merged as the class doc says: a mode
+        given {} is emptied (the whole grid given {}: every mode), a given key replaces every key of its mode that shares a field with it."""
+        if not isinstance(update, Mapping):
+            return update  # refused with its message by __post_init__
+        if not update:  # frontier.grid={}: every mode one point
+            return {}
+        out = {mode: dict(keys) for mode, keys in grid.items()}
+        for mode, keys in update.items():
+            if not isinstance(keys, Mapping) or not keys:
+                out[mode] = keys if not isinstance(keys, Mapping) else {}
+                continue
+            current = out.get(mode, {})
+            for key in keys:
+                fields = set(str(key).split(","))
+                current = {k: v for k, v in current.items() if k == key or not fields & set(k.split(","))}
+            out[mode] = {**current, **keys}
+        return out
 
     def __post_init__(self):
         if not isinstance(self.grid, Mapping):

@@ -148,13 +148,9 @@ class ModeResult(_Json):
         return out
 
     def knob(self, name: str):
-        """A field of the generation config it decoded with (a mode's own field, or a shared one); None
-        when it has none of that name."""
-        gc = self.generation_config
-        mode = gc.get("mode")
-        if isinstance(mode, dict) and name in mode:
-            return mode[name]
-        return gc.get(name)
+        """A field of the generation config it decoded with (a mode's own field or a shared one: the
+        record is flat, `GenerationConfig.as_dict`); None when it has none of that name."""
+        return self.generation_config.get(name)
 
 
 @dataclasses.dataclass(frozen=True)

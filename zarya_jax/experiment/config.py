@@ -26,6 +26,7 @@ from ..config import ConfigError, LoraConfig, ModelConfig, ZaryaConfig
 from ..data.pipeline import DataConfig
 from ..eval import tasks
 from ..eval.evaluate import EvalConfig, mode_knobs
+from ..eval import frontier as frontier_lib
 from ..eval.frontier import FrontierConfig
 from ..objectives.drafter import DrafterConfig
 from ..train import draft_model as draft_model_run
@@ -144,6 +145,12 @@ class ExperimentConfig:
         if self.frontier.enabled and not (self.task.num_val or self.task.val_file):
             raise ConfigError("the frontier chooses decoding knobs on a validation split: set task.num_val ≥ 1 (or "
                               "task.val_file), or frontier.enabled=false to use eval.knobs")
+        if self.frontier.enabled:
+            swept = {mode for mode, _ in frontier_lib.grid_points(self.frontier, self.eval.modes,
+                                                                  self.eval.max_new_tokens)}
+            for mode in (m for m in self.eval.modes if m not in swept):
+                raise ConfigError(f"frontier.grid.{mode}: no point of it decodes at eval.max_new_tokens="
+                                  f"{self.eval.max_new_tokens} (e.g. a block or slot larger than the budget)")
 
     @property
     def trainer(self) -> RunConfig:

@@ -17,7 +17,6 @@ from matplotlib.text import Text  # noqa: E402
 from matplotlib.transforms import Bbox  # noqa: E402
 
 from zarya_jax.plotting import accuracy_axis as _accuracy_axis  # noqa: E402  (the axes shared with rl.plots)
-from zarya_jax.plotting import from_zero as _from_zero  # noqa: E402
 from zarya_jax.plotting import integer_axis as _integer_axis  # noqa: E402
 from zarya_jax.plotting import save_figure as _save  # noqa: E402
 from zarya_jax.eval.results import FrontierPoint, ModeResult  # noqa: E402

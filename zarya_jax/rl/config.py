@@ -38,8 +38,9 @@ REFRESH_OPTIM = OptimConfig(lr=1e-4, warmup_steps=0, schedule="constant", weight
 class RLSection:
     """GRPO (tunix's `GRPOConfig` names: num_generations, beta, epsilon, num_iterations, loss_agg_mode),
     the rollouts (prompts_per_step prompts × num_generations completions, sampled at `temperature` from
-    the full softmax — `top_k` is refused unless 0 — with up to `max_new_tokens` tokens; `draft_length` and `draft_when_active_below` for the
-    spec arms), the reward (a dotted import path `module.function` of a function (record, completion
+    the full softmax — `top_k` is refused unless 0 — with up to `max_new_tokens` tokens; for the spec
+    arms `draft_length`, `draft_when_active_below` and the drafts' `proposal` / `proposal_temperature`,
+    docs/decoding.md: every proposal keeps the rollouts exact samples of the policy), the reward (a dotted import path `module.function` of a function (record, completion
     text) → float; "" = exact match of the final `####` answer + 0.1 × the format term) and the
     refreshed drafter's schedule."""
 
@@ -55,6 +56,8 @@ class RLSection:
     top_k: int = 0
     draft_length: int = 4
     draft_when_active_below: float = 1.0
+    proposal: str = "sample"
+    proposal_temperature: float = 0.5
     reward: str = ""
     refresh_every: int = 5
     refresh_steps: int = 4
@@ -99,7 +102,8 @@ class RLSection:
             mode = AR()
         else:
             spec = SpecSelf if self.arm == "self" else SpecLora
-            mode = spec(draft_length=self.draft_length, draft_when_active_below=self.draft_when_active_below)
+            mode = spec(draft_length=self.draft_length, draft_when_active_below=self.draft_when_active_below,
+                        proposal=self.proposal, proposal_temperature=self.proposal_temperature)
         return GenerationConfig(mode=mode, max_new_tokens=self.max_new_tokens, temperature=self.temperature,
                                 eos_token_id=eos_token_id)
 
