@@ -183,7 +183,7 @@ CASES = [
      "--set drafter.lora.noise=mask", "--add-mask-token"),
     ("drafter/unknown-key", train_drafter, "--base {ckpt} --workdir {root}/w --set drafter.lora.rnk=4", "drafter.lora.rnk"),
     ("drafter/layers-name", train_drafter, "--base {ckpt} --workdir {root}/w --set data.train={data} "
-     "--set drafter.lora.layers=middle", "LoraConfig.layers='middle'"),
+     "--set drafter.lora.layers=middle", "drafter.lora.layers='middle'"),
     ("drafter/layers-beyond", train_drafter, "--base {ckpt} --workdir {root}/w --set data.train={data} "
      "--set drafter.lora.layers=0,99", "LoraConfig.layers=(0, 99)"),
     ("drafter/dcd-passes", train_drafter, "--base {ckpt} --workdir {root}/w --set data.train={data} "

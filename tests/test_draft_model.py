@@ -143,7 +143,7 @@ def test_bad_draft_inputs_exit_2(base_and_data, tmp_path, capsys):
                         str(tmp_path / "missing"), "--out", str(tmp_path / "e")], "does not exist"),
         (train_cli, ["--base", base, "--workdir", str(tmp_path / "w"), "--params", "10"], "below the smallest"),
         (train_cli, ["--base", base, "--workdir", str(tmp_path / "w"), "--set", "draft_model.objective.loss=kl"],
-         "draft.loss='kl'"),
+         "draft_model.objective.loss='kl'"),
         (train_cli, ["--base", base, "--workdir", str(tmp_path / "w"), "--set", "model.head_dim=8"],
          "the model's structure is the base checkpoint's"),
     ]
