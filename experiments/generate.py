@@ -4,6 +4,7 @@
     python -m experiments.generate --ckpt CKPT --prompts-file prompts.txt --mode ar --batch-size 8 \
         --set temperature=0.7 --set top_p=0.9
     python -m experiments.generate --ckpt CKPT --prompt "Hi" --mode spec-lora --lora LORA_DIR --set draft_length=4
+    python -m experiments.generate --ckpt CKPT --prompt "Hi" --mode auto --speed RUN/eval/speed.json --lora LORA_DIR
 
 Prompts: `--prompt` (repeatable) or `--prompts-file` (one prompt per line; `.jsonl` files hold
 objects with a "prompt" field, or the field named by `--prompt-key`). Each prompt is rendered as the
@@ -12,7 +13,9 @@ template; `zarya_jax.data.render`; `--format FIELD=VALUE` changes a field). Toke
 (`zarya_jax.inference.load_for_inference`): `--tokenizer` if given, else the checkpoint's own
 (CKPT/tokenizer/), else the byte tokenizer. `--mode` is one of the eight decoding modes (`ar`, `mdm`,
 `slotted`, `spec-self`, `spec-lora`, `spec-model`, `spec-self-fused`, `spec-lora-fused`; default `mdm`,
-mode A); `--set FIELD=VALUE` sets a field of that mode's dataclass or a shared sampling field (YAML
+mode A), or `auto`: the fastest lossless configuration an experiment chose for the batch size
+(`--speed RUN/eval/speed.json`, `zarya_jax.eval.speed`: the choice at the calibrated batch size nearest to
+`--batch-size`, or to the number of `--prompt`s when fewer; which it picked is printed); `--set FIELD=VALUE` sets a field of that mode's dataclass or a shared sampling field (YAML
 values, typed from the field; list below); `--max-new-tokens` is a shorthand for one of them. Prompts run
 in batches of `--batch-size`; the text of each row is printed as soon as its batch finishes.
 `--output F.jsonl` also writes one record per prompt, with the prompt's token ids as rendered (written
@@ -38,6 +41,7 @@ from zarya_jax.data.records import jsonl_lines
 from zarya_jax.data.render import render_prompt
 from zarya_jax.eval.evaluate import ADAPTER_MODES, DRAFT_MODEL_MODES, MODES, SHARED_TYPES
 from zarya_jax.eval.evaluate import generation_config as mode_config
+from zarya_jax.eval.speed import SpeedChoice
 from zarya_jax.files import atomic_write_jsonl, check_output, check_writable_file, input_file_problem
 from zarya_jax.inference import load_for_inference
 from zarya_jax.sampling import GenerationConfig, generate
@@ -55,7 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompts-file", help="text file, one prompt per line (or .jsonl with a 'prompt' field)")
     p.add_argument("--ckpt", required=True, help="checkpoint directory (zarya_jax.checkpoint.save)")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory or 'byte' (default: the checkpoint's)")
-    p.add_argument("--mode", choices=MODES, default="mdm", help="decoding mode (default: mdm, mode A)")
+    p.add_argument("--mode", choices=MODES + ("auto",), default="mdm",
+                   help="decoding mode (default: mdm, mode A); auto: the fastest lossless one for the batch (--speed)")
+    p.add_argument("--speed", default=None, help="mode auto: an experiment's eval/speed.json")
     p.add_argument("--max-new-tokens", type=int, default=64, help="the `max_new_tokens` knob")
     cli.add_set_flag(p, "temperature=0.7")
     p.add_argument("--lora", default=None, help="modes spec-lora, spec-lora-fused: LoRA adapter directory")
@@ -114,7 +120,26 @@ def knobs_help() -> str:
 def generation_config(args) -> GenerationConfig:
     """`--mode` and `--max-new-tokens`, then the `--set FIELD=VALUE` knobs: fields of the mode or shared
     ones, typed from the field; a field the mode does not have is an error naming its fields."""
-    return mode_config(args.mode, args.max_new_tokens, {args.mode: cli.set_overrides(args)})
+    chosen = getattr(args, "auto_knobs", {})  # `--mode auto`: the speed table's knobs, under `--set`
+    return mode_config(args.mode, args.max_new_tokens, {args.mode: {**chosen, **cli.set_overrides(args)}})
+
+
+def resolve_auto(args) -> argparse.Namespace:
+    """`--mode auto`: `args` with the mode and knobs the speed table chose at the calibrated batch size
+    nearest to the batch this run decodes (its knobs first, `--set` on top); other modes: `args`."""
+    if args.mode != "auto":
+        if args.speed is not None:
+            raise ValueError(f"--speed is read by --mode auto only, not --mode {args.mode}")
+        return args
+    if args.speed is None:
+        raise ValueError("--mode auto needs --speed FILE (an experiment's eval/speed.json)")
+    batch = min(args.batch_size, len(args.prompt)) if args.prompt is not None else args.batch_size
+    mode, choice = SpeedChoice.load(args.speed).mode_for(batch)
+    knobs = {f.name: getattr(mode, f.name) for f in dataclasses.fields(mode)}
+    print(f"# auto: {mode.name} {mode.short()} for batch {batch} (chosen at batch {choice.batch}"
+          + (f", {choice.test_speedup:.2f}× AR's tokens/s on test" if choice.test_speedup else "") + ")",
+          file=sys.stderr)
+    return argparse.Namespace(**{**vars(args), "mode": mode.name, "auto_knobs": knobs})
 
 
 def main(argv=None) -> int:
@@ -127,6 +152,7 @@ def _run(args) -> int:
         raise ValueError(f"--batch-size={args.batch_size}: expected ≥ 1")
     if not os.path.isdir(args.ckpt):
         raise ValueError(f"--ckpt {args.ckpt!r} is not a directory")
+    args = resolve_auto(args)
     gc = generation_config(args)
     gc.validate()
     with_lora = args.mode in ADAPTER_MODES

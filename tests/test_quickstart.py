@@ -206,3 +206,41 @@ def test_rerun_is_a_no_op_and_a_moved_workdir_resumes(smoke_run, tmp_path, capsy
     assert again["train"] == report["train"]            # the training's own numbers, not a rerun's nulls
     assert open(moved / "train" / "metrics.jsonl").read() == metrics
     assert [r["mode"] for r in again["modes"]] == ["ar"] and again["modes"][0]["accuracy"] == report["modes"][0]["accuracy"]
+
+
+def test_fastest_lossless_configuration_per_batch(smoke_run, capsys):
+    """The choice for time: per calibrated batch size, AR and the lossless frontier points predicted
+    fastest timed on validation, the fastest measured chosen (never slower than AR there: AR is a
+    candidate), then timed against AR on test; `generate --mode auto` decodes with it."""
+    from experiments import generate as generate_cli
+    from zarya_jax.eval.speed import SpeedChoice
+
+    workdir, report, _ = smoke_run
+    choice = SpeedChoice.load(os.path.join(workdir, "eval", "speed.json"))
+    assert choice.to_json() == report["speed"]
+    assert [c.batch for c in choice.choices] == [1, 2]
+    lossless = {"ar", "spec-self", "spec-lora", "spec-self-fused", "spec-lora-fused"}
+    windows = {(r["batch"], r["window"]) for r in choice.costs}
+    for c in choice.choices:
+        assert {x.mode for x in c.candidates} == lossless  # every lossless point is priced, no lossy one
+        assert c.candidates[0].mode == "ar" and c.candidates[0].predicted_speedup == 1.0
+        assert (c.batch, 1) in windows and all(r["ms_per_pass"] > 0 for r in choice.costs)
+        timed = [x for x in c.candidates if x.tokens_per_s is not None]
+        assert timed == c.candidates[:len(timed)] and timed[0].mode == "ar" and len(timed) == min(1 + 3, len(lossless))
+        assert c.chosen == max(timed, key=lambda x: x.tokens_per_s)  # the fastest measured
+        # the timed ones are the best predicted
+        assert min(x.predicted_speedup for x in timed[1:]) >= max(x.predicted_speedup for x in c.candidates[len(timed):])
+        assert c.test_tokens_per_s > 0 and c.test_ar_tokens_per_s > 0
+    assert "## Fastest lossless configuration per batch size" in open(os.path.join(workdir, "report.md")).read()
+    # --mode auto: the choice at the calibrated batch nearest to the batch, said on stderr
+    ckpt = os.path.join(workdir, "train", "final")
+    capsys.readouterr()
+    assert generate_cli.main(["--ckpt", ckpt, "--prompt", "Ann had 3 eggs", "--mode", "auto", "--speed",
+                              os.path.join(workdir, "eval", "speed.json"), "--lora",
+                              os.path.join(workdir, "drafter", "adapter"), "--max-new-tokens", "4"]) == 0
+    chosen = choice.mode_for(1)[0]
+    assert f"# auto: {chosen.name} {chosen.short()} for batch 1 (chosen at batch 1" in capsys.readouterr().err
+    assert generate_cli.main(["--ckpt", ckpt, "--prompt", "x", "--mode", "auto"]) == 2
+    assert "--mode auto needs --speed FILE" in capsys.readouterr().err
+    assert generate_cli.main(["--ckpt", ckpt, "--prompt", "x", "--mode", "ar", "--speed", "f.json"]) == 2
+    assert "--speed is read by --mode auto only" in capsys.readouterr().err

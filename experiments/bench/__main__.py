@@ -2,10 +2,10 @@
 
 from . import __doc__ as DOC
 from .. import cli
-from . import aot, device, forward, generate, harness, plan, spec, train, transforms
+from . import aot, cycle, device, forward, generate, harness, plan, spec, train, transforms
 
 BENCHMARKS = {"forward": forward, "train": train, "generate": generate, "spec": spec, "transforms": transforms,
-              "plan": plan, "aot": aot, "device": device}
+              "plan": plan, "aot": aot, "device": device, "cycle": cycle}
 
 
 def main(argv=None) -> int:

@@ -10,6 +10,7 @@ returns its results (the rows `python -m experiments.bench NAME` writes as JSON)
     forward.py     the jitted forward vs Hugging Face's PyTorch Qwen3, same weights
     generate.py    decoding throughput of AR, mode A and mode B; AR vs HF at its best
     spec.py        Ψ-Spec (spec-self, spec-lora) against the AR sampler
+    cycle.py       where a two-pass Ψ-Spec cycle's time goes: each step of the compiled cycle against AR's pass
     transforms.py  the Zarya training transforms next to the model's forward + backward
     vocab.py       the losses and one decode pass at Qwen3's vocabulary
 

@@ -5,10 +5,11 @@
    random weights and tokens, `attention` (auto: cuDNN flash attention on a GPU, splash on a TPU), remat on;
    the mean step time over `steps` after the compile. MFU = model FLOPs (6N + attention, as in training logs)
    ÷ the device's bf16 peak (`train.metrics.PEAK_FLOPS`).
-2. **window**: the cost of one cached forward pass (`sampling.passes.decode_pass`, cache donated) against
+2. **window**: the cost of one cached forward pass (`sampling.passes.pass_costs`: `decode_pass`, cache donated) against
    its window size W in `windows` (1 … 64 rows) at each batch size, against `context` committed cache rows:
    ms per pass and the ratio to W = 1 — the curve that turns tokens per forward pass (what
-   `experiments.evaluate` reports per mode) into wall-clock speed.
+   `experiments.evaluate` reports per mode) into wall-clock speed, and the curve `zarya_jax.eval.speed`
+   chooses each batch size's fastest lossless configuration by.
 3. **decode**: AR decode tokens/s (`generate(mode="ar")`, greedy, `new_tokens` per row after a
    `context`-token prompt, compile excluded, best of `repeats`) at each batch size, next to the HBM
    roofline: a decode pass must read every weight once plus the rows' KV cache, so it takes at least
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import statistics
 import time
 
 import jax
@@ -33,7 +33,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import model as model_lib
-from ..nn import kv_cache
 from ..sampling import GenerationConfig, generate, passes
 from ..sampling.mode import Mode
 from ..sampling.modes import mode as mode_of
@@ -97,29 +96,6 @@ def roofline_tokens_per_s(cfg, batch: int, prompt: int, new_tokens: int, bandwid
     return batch / (bytes_per_pass / bandwidth)
 
 
-def window_costs(cfg, params, batches, windows, context: int, repeats: int) -> list[dict]:
-    """ms per cached pass for each (batch, window), the cache holding `context` rows (reset each call)."""
-    out = []
-    for b in batches:
-        base = None
-        for w in windows:
-            cache = kv_cache.init(cfg, b, context + w)
-            tokens = jnp.zeros((b, w), jnp.int32)
-            positions = context + jnp.broadcast_to(jnp.arange(w, dtype=jnp.int32), (b, w))
-            times = []
-            for i in range(repeats + 1):  # the first call compiles
-                cache = dict(cache, length=jnp.full((b,), context, jnp.int32))  # donated with the cache
-                t0 = time.perf_counter()
-                logits, cache = passes.decode_pass(params, cache, tokens, positions, config=cfg)
-                jax.block_until_ready(logits)
-                times.append(time.perf_counter() - t0)
-            ms = 1e3 * statistics.median(times[1:])
-            base = base or ms
-            out.append({"batch": b, "window": w, "ms_per_pass": ms, "vs_window_1": ms / base,
-                        "ms_per_token_row": ms / w})
-    return out
-
-
 def decode_modes(draft_length: int, fused_k: int) -> dict[str, Mode]:
     """The decode part's modes, by name, with their knobs."""
     return {"ar": mode_of("ar"), "spec-self": mode_of("spec-self", draft_length=draft_length),
@@ -175,7 +151,7 @@ def run(s: DeviceSettings) -> tuple[dict, str]:
     cfg = model_config(s.preset, dtype=s.dtype, param_dtype=s.dtype)  # inference: weights in the compute dtype
     params = functools.cache(lambda: jax.jit(model_lib.init_params, static_argnums=0)(cfg, jax.random.PRNGKey(0)))
     if due("window"):
-        results["window"] = window_costs(cfg, params(), s.batches, s.windows, s.context, s.repeats)
+        results["window"] = passes.pass_costs(params(), cfg, s.batches, s.windows, s.context, s.repeats)
     results["decode"] = []
     for b in s.batches:
         ar_ms = None

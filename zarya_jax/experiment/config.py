@@ -28,6 +28,7 @@ from ..eval import tasks
 from ..eval.evaluate import EvalConfig, mode_knobs
 from ..eval import frontier as frontier_lib
 from ..eval.frontier import FrontierConfig
+from ..eval.speed import SpeedConfig
 from ..objectives.drafter import DrafterConfig
 from ..train import draft_model as draft_model_run
 from ..train import drafter as drafter_run
@@ -118,8 +119,8 @@ class GoalsSection:
 
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
-    """The trainer's sections, then the task, the drafter, the draft model, the evaluation, the frontier and
-    the goals. Each stage of `zarya_jax.experiment.stages` takes the sections it reads, never the whole."""
+    """The trainer's sections, then the task, the drafter, the draft model, the evaluation, the frontier, the
+    choice for time (`speed`: needs the frontier and AR among the modes, else skipped) and the goals. Each stage of `zarya_jax.experiment.stages` takes the sections it reads, never the whole."""
 
     model: ModelConfig
     zarya: ZaryaConfig = ZaryaConfig()
@@ -132,6 +133,7 @@ class ExperimentConfig:
     draft_model: DraftModelRun = DraftModelRun()
     eval: EvalConfig = EvalConfig()
     frontier: FrontierConfig = FrontierConfig()
+    speed: SpeedConfig = SpeedConfig()
     goals: GoalsSection = GoalsSection()
 
     # The keys of the former flat drafter / draft-model sections, and where each lives now: a sweep file
@@ -208,7 +210,8 @@ SMOKE = {"task.num_train": 64, "task.num_test": 4, "task.num_val": 4, "model.hid
          "frontier.grid.mdm.sequential": ["ar"],
          **{f"frontier.grid.{m}.draft_length": [4] for m in ("spec-self", "spec-lora", "spec-model")},
          **{f"frontier.grid.{m}.draft_length": [2] for m in ("spec-self-fused", "spec-lora-fused")},
-         "draft_model.steps": 4, "draft_model.batch_size": 8}
+         "draft_model.steps": 4, "draft_model.batch_size": 8, "speed.batches": [1, 2], "speed.examples": 2,
+         "speed.repeats": 1}
 """The smoke size (`--smoke`, tests): seconds instead of minutes, a tiny model, a handful of steps and
 examples, one slot size."""
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 
-from ..eval import diagnose, frontier
+from ..eval import diagnose, frontier, speed
 from ..eval.evaluate import MODE_LABELS, summary_markdown
 from ..files import atomic_write, atomic_write_json
 from ..provenance import describe
@@ -73,6 +73,13 @@ def report_markdown(report: Report) -> str:
               "", summary_markdown(modes)]
     if report.targets:
         lines.append(targets_markdown(report.targets))
+    if report.speed:
+        lines += ["", "## Fastest lossless configuration per batch size", "",
+                  f"Chosen per batch size among AR and the lossless frontier points (`zarya_jax.eval.speed`): "
+                  f"predicted from the pass-cost curve on {report.speed.device} and the points' tokens per forward, "
+                  "the best predicted timed against AR on validation, the fastest measured chosen; then timed "
+                  "side by side with AR on test (`eval/speed.json`: every candidate and the curve).", "",
+                  speed.markdown(report.speed)]
     if report.diagnostics:
         lines += ["", "## Diagnostics (test split)", "", diagnose.markdown(report.diagnostics)]
     if front:

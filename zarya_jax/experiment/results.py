@@ -9,6 +9,7 @@ import dataclasses
 
 from ..eval import aup
 from ..eval.results import FrontierPoint, ModeResult, Prediction, from_json, to_json
+from ..eval.speed import SpeedChoice
 
 __all__ = ["Frontier", "FrontierPoint", "ModeResult", "Prediction", "Report", "Target", "TrainSummary"]
 
@@ -85,7 +86,8 @@ class Report:
     """An experiment's results: the code's provenance, the checkpoint evaluated, the model, the training
     (None when a checkpoint was given), one `ModeResult` per mode, the targets, the frontier (None when
     off), the diagnostics (`zarya_jax.eval.diagnose.analyse`), the loss curve, the config as JSON, the
-    stages' timings and the total wall time."""
+    stages' timings, the total wall time and the fastest lossless configuration per batch size (`speed`,
+    `zarya_jax.eval.speed`; None when not chosen)."""
 
     provenance: dict
     checkpoint: str
@@ -99,6 +101,7 @@ class Report:
     config: dict
     timings: dict
     wall_s: float
+    speed: SpeedChoice | None = None
 
     def mode(self, name: str) -> ModeResult | None:
         return next((r for r in self.modes if r.mode == name), None)
@@ -110,14 +113,16 @@ class Report:
                 "modes": [r.to_json() for r in self.modes], "targets": [t.to_json() for t in self.targets],
                 "frontier": None if self.frontier is None else self.frontier.to_json(),
                 "diagnostics": self.diagnostics, "loss_curve": self.loss_curve, "config": self.config,
-                "timings": self.timings, "wall_s": self.wall_s}
+                "timings": self.timings, "wall_s": self.wall_s,
+                "speed": None if self.speed is None else self.speed.to_json()}
 
     @classmethod
     def from_json(cls, data: dict) -> "Report":
         nested = {"train": lambda v: None if v is None else TrainSummary.from_json(v),
                   "modes": lambda v: [ModeResult.from_json(r) for r in v],
                   "targets": lambda v: [from_json(Target, t) for t in v],
-                  "frontier": lambda v: None if v is None else Frontier.from_json(v)}
+                  "frontier": lambda v: None if v is None else Frontier.from_json(v),
+                  "speed": lambda v: None if v is None else SpeedChoice.from_json(v)}
         if not isinstance(data, dict):
             raise ValueError(f"Report.from_json: expected a mapping, got {type(data).__name__}")
         return from_json(cls, {k: nested[k](v) if k in nested else v for k, v in data.items()})

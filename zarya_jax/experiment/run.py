@@ -1,5 +1,5 @@
 """`run(config, workdir) -> Report`: data → train (unless `eval.ckpt`) → frontier on validation → the
-chosen points on test → diagnostics → report files (`zarya_jax.experiment.stages`).
+chosen points on test → the fastest lossless configuration per batch size → diagnostics → report files (`zarya_jax.experiment.stages`).
 
 Reruns are safe. Every input is checked before any compute (the whole config when it is built, the
 workdir writable, the checkpoint to evaluate). A workdir whose `report.json` was made by the same
@@ -89,6 +89,8 @@ def run(config: ExperimentConfig, workdir: str, *, progress: bool = True, force:
     knobs, front = stages.choose_knobs(ev, fc, model, val_records, progress)
     t_test = time.perf_counter()
     results, predictions = stages.evaluate(ev, model, records, knobs, front, progress)
+    t_speed = time.perf_counter()
+    fastest = stages.choose_for_time(config.speed, ev, model, front, val_records, records)
     t_diag = time.perf_counter()
     diag = stages.diagnose(trainer.zarya, model, records, results, predictions)
     report = Report(
@@ -97,9 +99,11 @@ def run(config: ExperimentConfig, workdir: str, *, progress: bool = True, force:
         train=trained.summary if trained else None, modes=results,
         targets=stages.targets(config.goals, results, predictions), frontier=front, diagnostics=diag,
         loss_curve=trained.loss_curve if trained else [], config=overrides.to_dict(config),
-        timings={"frontier_s": t_test - t_frontier, "test_s": t_diag - t_test,
+        timings={"frontier_s": t_test - t_frontier, "test_s": t_speed - t_test, "speed_s": t_diag - t_speed,
                  "diagnostics_s": time.perf_counter() - t_diag},
-        wall_s=time.perf_counter() - t_start)
+        wall_s=time.perf_counter() - t_start, speed=fastest)
     write_outputs(os.path.join(workdir, "eval"), results, predictions)
+    if fastest is not None:
+        fastest.save(os.path.join(workdir, "eval", "speed.json"))
     write_report(workdir, report)
     return report

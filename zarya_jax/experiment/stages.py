@@ -8,6 +8,7 @@
     train_draft_model(draft_model, trainer, lora, …) -> Inference   an independent draft model for it (spec-model)
     choose_knobs(eval, frontier, …)      -> (knobs, Frontier | None)   per mode, on the validation split
     evaluate(eval, …)                    -> [ModeResult], [Prediction]   the test split at the chosen knobs
+    choose_for_time(speed, eval, …)      -> SpeedChoice | None   per batch size, the fastest lossless configuration
     diagnose(zarya, …)                   -> dict        why a mode loses accuracy
     targets(goals, …)                    -> [Target]    the goals, measured
 
@@ -26,6 +27,7 @@ from ..data.pipeline import DataConfig
 from ..eval import diagnose as diagnose_lib
 from ..eval import evaluate as evaluate_lib
 from ..eval import frontier as frontier_lib
+from ..eval import speed as speed_lib
 from ..eval import tasks
 from ..eval.evaluate import MODE_LABELS, SPEC_MODES, EvalConfig
 from ..eval.frontier import FrontierConfig
@@ -232,6 +234,17 @@ def evaluate(ev: EvalConfig, model: Inference, records: list[dict], knobs: dict[
     return [dataclasses.replace(
         r, point=frontier_lib.describe(r.mode, r.knobs) if r.knobs else "",
         validation_accuracy=front.chosen[r.mode].accuracy if front is not None else None) for r in results], predictions
+
+
+def choose_for_time(sc: speed_lib.SpeedConfig, ev: EvalConfig, model: Inference, front: Frontier | None,
+                    val_records: list[dict], records: list[dict]) -> speed_lib.SpeedChoice | None:
+    """Per batch size of `speed`, the fastest lossless configuration among AR and the frontier's lossless
+    points, chosen on validation and timed against AR on test (`zarya_jax.eval.speed`); None when `speed`
+    is off, or without the frontier or AR to choose from."""
+    if not sc.enabled or front is None or "ar" not in ev.modes:
+        return None
+    choice = speed_lib.choose(model, front.points, val_records, ev, sc)
+    return speed_lib.time_on_test(model, choice, records, ev, sc)
 
 
 def diagnose(zarya, model: Inference, records: list[dict], results: list[ModeResult],

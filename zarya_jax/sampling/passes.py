@@ -9,6 +9,11 @@ holds one cache, not two.
 - `window_rows(gcfg)`: the rows of one pass of each mode: AR 1; mode A 2K (`mdm.window_rows`); mode B one
   block (`slotted.block_layout`); Ψ-Spec F (F + 1 with the self drafter: the seed and F masks); fused
   Ψ-Spec (K+1)(K+2) with the self drafter, (K+1)² with the LoRA drafter (`fused.window_rows`).
+- `cycle_windows(gcfg)`: the window rows of every pass one cycle of a lossless mode runs (AR: one row;
+  two-pass Ψ-Spec: its draft pass(es), then the F + 1-row verify pass; fused: its one window), which the
+  pass-cost curve turns into time (`zarya_jax.eval.speed`).
+- `pass_costs(params, config, batches, windows, context, repeats)`: that curve, ms per cached pass against
+  its window rows at each batch size, measured on the device in use.
 - `cache_rows(gcfg, prompt_len)`: the rows of the cache each mode allocates.
 - `cached_pass(params, cache, tokens, positions, *, config)`: a causal window [B, W] at logical
   `positions` against every committed cache row; returns (logits fp32 [B, W, V], the cache with the
@@ -18,6 +23,8 @@ holds one cache, not two.
 from __future__ import annotations
 
 import functools
+import statistics
+import time
 
 import jax
 import jax.numpy as jnp
@@ -58,3 +65,63 @@ def cached_pass(params, cache: dict, tokens: Array, positions: Array, *, config)
 
 
 decode_pass = functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))(cached_pass)
+
+
+def cycle_windows(gcfg: GenerationConfig) -> tuple[int, ...] | None:
+    """The window rows of each base-model pass of one cycle of `gcfg`'s mode, in order; None for a mode
+    whose cycle this does not cost (the lossy modes, and `spec-model`, whose draft passes run another model)."""
+    mode = gcfg.mode
+    if isinstance(mode, ar.AR):
+        return (1,)
+    if isinstance(mode, fused.Fused):
+        return (fused.window_rows(gcfg),)
+    if isinstance(mode, spec.TwoPass):
+        return (window_rows(gcfg),) * getattr(mode, "draft_passes", 1) + (mode.draft_length + 1,)
+    return None
+
+
+def pass_costs(params, config, batches, windows, context: int, repeats: int, passes: int = 8) -> list[dict]:
+    """The pass-cost curve: ms per cached pass of W rows at batch b, for each (batch, window), against a cache
+    of `context` committed rows. Passes run in one compiled loop (`_repeated_pass`: each reads the cache and
+    commits its window, as a decode loop's pass does), timed at 1 and at 1 + `passes` passes: the slope is
+    a pass without the call's dispatch and transfers. Each time is the best of `repeats` calls after the
+    compile (on a shared machine the minimum is the least disturbed). Rows: {batch, window, ms_per_pass,
+    vs_window_1 (the ratio to the batch's first window), ms_per_token_row}."""
+    out = []
+    for b in batches:
+        base = None
+        for w in windows:
+            cache = kv_cache.init(config, b, context + w)
+            cache = dict(cache, length=jnp.full((b,), context, jnp.int32))
+            tokens = jnp.zeros((b, w), jnp.int32)
+
+            def best(n):
+                times = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    jax.block_until_ready(_repeated_pass(params, cache, tokens, jnp.int32(n), config=config))
+                    times.append(time.perf_counter() - t0)
+                return min(times)
+
+            _repeated_pass(params, cache, tokens, jnp.int32(1), config=config)  # compiles
+            ms = max(1e3 * (best(1 + passes) - best(1)) / passes, 1e-6)
+            base = base or ms
+            out.append({"batch": b, "window": w, "ms_per_pass": ms, "vs_window_1": ms / base,
+                        "ms_per_token_row": ms / w})
+    return out
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _repeated_pass(params, cache: dict, tokens: Array, n: Array, *, config) -> Array:
+    """`n` (traced) cached passes of `tokens` [b, W] in one loop, each after the cache's committed rows (the
+    cache's length is put back after each commit, so every pass sees the same context; each pass's input
+    depends on the last one's logits, so none is skipped); returns the last logits' sum."""
+    length = cache["length"]
+    positions = length[:, None] + jnp.arange(tokens.shape[1], dtype=jnp.int32)[None, :]
+
+    def body(_, carry):
+        c, acc = carry
+        logits, c = cached_pass(params, c, tokens + (acc > 0).astype(jnp.int32), positions, config=config)
+        return dict(c, length=length), jnp.sum(logits)
+
+    return jax.lax.fori_loop(0, n, body, (cache, jnp.float32(0)))[1]

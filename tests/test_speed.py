@@ -1,0 +1,106 @@
+"""Knobs chosen for time (`zarya_jax.eval.speed`): the prediction from the pass-cost curve, the nearest
+calibrated batch, the saved table; and the curve itself against a plain timing of the same passes."""
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from zarya_jax.eval.results import FrontierPoint
+from zarya_jax.eval.speed import BatchChoice, Candidate, SpeedChoice, SpeedConfig, predict
+from zarya_jax.config import ConfigError
+from zarya_jax.sampling import GenerationConfig, passes
+from zarya_jax.sampling.modes import mode
+
+
+def point(name, tpf, **knobs):
+    return FrontierPoint(mode=name, label=name, knobs=knobs, point="", accuracy=1.0, tokens_per_forward=tpf,
+                         tokens_per_s=1.0, examples=1, correct=[True])
+
+
+def test_cycle_windows_of_each_mode():
+    def windows(name, **knobs):
+        return passes.cycle_windows(GenerationConfig(mode=mode(name, **knobs), max_new_tokens=32))
+
+    assert windows("ar") == (1,)
+    assert windows("spec-lora", draft_length=8) == (8, 9)                     # F noise rows, then F + 1 verified
+    assert windows("spec-lora", draft_length=8, draft_passes=3) == (8, 8, 8, 9)
+    assert windows("spec-self", draft_length=8) == (9, 9)                     # the seed and F masks
+    assert windows("spec-self-fused", draft_length=4) == (30,)                # (K+1)(K+2)
+    assert windows("spec-lora-fused", draft_length=4) == (25,)                # (K+1)²
+    assert windows("slotted") is None and windows("mdm") is None and windows("spec-model") is None
+
+
+def test_prediction_prices_each_cycle_by_its_passes():
+    """A point's predicted speed-up is its tokens per forward over AR's, scaled by AR's pass cost over the
+    mean cost of its cycle's passes; lossy points are not candidates; AR comes first."""
+    costs = [{"batch": 4, "window": w, "ms_per_pass": ms} for w, ms in ((1, 1.0), (4, 2.0), (5, 4.0), (30, 9.0))]
+    pts = [point("ar", 1.0), point("slotted", 5.0), point("spec-lora", 3.0, draft_length=4),
+           point("spec-self-fused", 4.5, draft_length=4)]
+    cands = predict(pts, costs, 4, 32)
+    assert [c.mode for c in cands] == ["ar", "spec-lora", "spec-self-fused"]
+    assert cands[1].predicted_speedup == pytest.approx(3.0 / ((2.0 + 4.0) / 2))  # two passes: 4 and 5 rows
+    assert cands[2].predicted_speedup == pytest.approx(4.5 / 9.0)                # one pass of 30 rows
+    with pytest.raises(KeyError):  # a window the curve did not measure is not guessed
+        predict(pts, costs[:2], 4, 32)
+
+
+def choice():
+    cand = lambda m, s, **k: Candidate(m, k, "", 1.0, s, 100.0 * s, 100.0)
+    ar = cand("ar", 1.0)
+    return SpeedChoice(device="cpu", costs=[{"batch": 1, "window": 1, "ms_per_pass": 0.1}], max_new_tokens=32,
+                       choices=[BatchChoice(1, cand("spec-lora", 1.5, draft_length=8), [ar, cand("spec-lora", 1.5, draft_length=8)],
+                                            test_tokens_per_s=120.0, test_ar_tokens_per_s=100.0),
+                                BatchChoice(8, ar, [ar]), BatchChoice(64, ar, [ar])])
+
+
+def test_mode_for_takes_the_nearest_calibrated_batch(tmp_path):
+    table = choice()
+    assert table.mode_for(1)[0] == mode("spec-lora", draft_length=8)
+    # nearest in ratio: 2 is 2× from 1 and 4× from 8; 3 is 3× from 1 and 2.7× from 8
+    assert table.mode_for(2)[1].batch == 1 and table.mode_for(3)[1].batch == 8
+    assert table.mode_for(20)[1].batch == 8 and table.mode_for(1000)[1].batch == 64
+    assert table.config_for(1, temperature=0.5) == GenerationConfig(mode=mode("spec-lora", draft_length=8),
+                                                                   max_new_tokens=32, temperature=0.5)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="batch="):
+            table.mode_for(bad)
+    path = str(tmp_path / "speed.json")
+    table.save(path)
+    assert SpeedChoice.load(path) == table
+    assert json.load(open(path))["choices"][0]["test_speedup"] == pytest.approx(1.2)
+    (tmp_path / "bad.json").write_text('{"device": "cpu"}')
+    for bad in ("bad.json", "missing.json"):
+        with pytest.raises(ValueError, match=bad):
+            SpeedChoice.load(str(tmp_path / bad))
+
+
+def test_config_is_checked():
+    for bad, what in (({"batches": ()}, "speed.batches"), ({"batches": (0,)}, "speed.batches"),
+                      ({"confirm": 0}, "speed.confirm"), ({"repeats": 1.5}, "speed.repeats")):
+        with pytest.raises(ConfigError, match=what):
+            SpeedConfig(**bad)
+
+
+def test_pass_cost_curve_matches_a_plain_timing(tiny_config, tiny_params):
+    """The curve's ms per pass (slope of a compiled loop of passes) against timing the same cached pass
+    as a Python loop of jitted calls: the same order of magnitude, and more rows never cost less by much."""
+    params, config = tiny_params, tiny_config
+    rows = passes.pass_costs(params, config, (2,), (1, 64), context=16, repeats=3)
+    assert [(r["batch"], r["window"]) for r in rows] == [(2, 1), (2, 64)]
+    from zarya_jax.nn import kv_cache
+    cache = dict(kv_cache.init(config, 2, 16 + 64), length=jnp.full((2,), 16, jnp.int32))
+    tokens = jnp.zeros((2, 64), jnp.int32)
+    pos = 16 + jnp.broadcast_to(jnp.arange(64, dtype=jnp.int32), (2, 64))
+    step = jax.jit(lambda c: passes.cached_pass(params, c, tokens, pos, config=config)[0])
+    jax.block_until_ready(step(cache))
+    best = min(_timed(step, cache) for _ in range(5))
+    assert 0.05 < rows[1]["ms_per_pass"] / (1e3 * best) < 20
+    assert rows[1]["ms_per_pass"] > 0.5 * rows[0]["ms_per_pass"]
+
+
+def _timed(f, x):
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(x))
+    return time.perf_counter() - t0

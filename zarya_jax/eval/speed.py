@@ -1,0 +1,287 @@
+"""Knobs chosen for time: per batch size, the fastest lossless decoding configuration, plain AR included
+(docs/decoding.md#knobs-chosen-for-time).
+
+Tokens per forward pass is what a checkpoint's drafts buy; what a pass costs is the device's, and it
+depends on the pass's rows and the batch. So, after the validation frontier:
+1. the pass-cost curve c(b, W) on the device in use (`sampling.passes.pass_costs`: ms of a cached pass of
+   W rows at batch b), at the windows the candidates' cycles run (`sampling.passes.cycle_windows`);
+2. each lossless frontier point's predicted speed-up over AR at batch b: its tokens per forward over AR's,
+   times AR's pass cost over its mean pass cost: (tpf / tpf_AR) · c(b, 1) / mean over its passes of c(b, W);
+3. per batch size, AR and the `confirm` points predicted fastest are timed on the validation prompts at
+   that batch (taking turns, best of `repeats`), and the fastest measured is chosen. The prediction ignores what a
+   cycle does besides its passes (acceptance, the cache commit, the loop) and the prefill; the
+   measurement does not. AR is always a candidate, so the choice is never slower than AR on validation
+   beyond the timing noise.
+
+`SpeedChoice` holds the curve, every candidate's prediction (and measurement where timed) and the choice
+per batch size. Saved as `eval/speed.json`, it is what `experiments.generate --mode auto --speed FILE`
+decodes with: `SpeedChoice.mode_for(batch)` is the choice at the calibrated batch size nearest to the
+batch. `time_on_test` times each choice against AR on the test prompts, side by side, for the report.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import jax
+import numpy as np
+
+from ..config import ConfigError
+from ..files import atomic_write_json
+from ..inference import Inference
+from ..sampling import GenerationConfig
+from ..sampling import modes as modes_lib
+from ..sampling import passes
+from ..sampling.mode import Mode
+from .evaluate import EvalConfig, evaluate_mode, generation_config, render_records
+from .results import FrontierPoint, from_json, to_json
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeedConfig:
+    """The `speed` section: which batch sizes get a configuration chosen for time, and how it is measured.
+
+    enabled: choose per batch size after the frontier (needs the frontier: the candidates are its
+      lossless points).
+    batches: the batch sizes to calibrate at.
+    confirm: the lossless points predicted fastest that are timed at each batch size, besides AR.
+    examples: validation prompts timed per candidate (rounded down to a multiple of the batch, at least
+      one batch).
+    repeats: timed runs per candidate (the best counts); the first, untimed, compiles.
+    """
+
+    enabled: bool = True
+    batches: tuple[int, ...] = (1, 8, 25)
+    confirm: int = 3
+    examples: int = 50
+    repeats: int = 3
+
+    def __post_init__(self):
+        object.__setattr__(self, "batches", tuple(self.batches))
+        if not self.batches or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in self.batches):
+            raise ConfigError(f"speed.batches={list(self.batches)}: expected one or more batch sizes ≥ 1")
+        for name in ("confirm", "examples", "repeats"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"speed.{name}={value!r}: expected an integer ≥ 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One lossless configuration at one batch size: its validation tokens per forward, its predicted
+    speed-up over AR from the pass-cost curve and, when timed, its tokens/s and AR's on validation."""
+
+    mode: str
+    knobs: dict
+    point: str
+    tokens_per_forward: float
+    predicted_speedup: float
+    tokens_per_s: float | None = None
+    ar_tokens_per_s: float | None = None
+
+    @property
+    def speedup(self) -> float | None:
+        """Measured tokens/s over AR's (None when not timed)."""
+        return None if self.tokens_per_s is None or not self.ar_tokens_per_s else self.tokens_per_s / self.ar_tokens_per_s
+
+    def mode_object(self) -> Mode:
+        return modes_lib.mode(self.mode, **self.knobs)
+
+    def to_json(self) -> dict:
+        return to_json(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchChoice:
+    """The configuration chosen at one batch size (`chosen`), every candidate with its prediction, and on
+    test (`time_on_test`) the chosen configuration's tokens/s next to AR's, timed side by side."""
+
+    batch: int
+    chosen: Candidate
+    candidates: list[Candidate]
+    test_tokens_per_s: float | None = None
+    test_ar_tokens_per_s: float | None = None
+
+    @property
+    def test_speedup(self) -> float | None:
+        if self.test_tokens_per_s is None or not self.test_ar_tokens_per_s:
+            return None
+        return self.test_tokens_per_s / self.test_ar_tokens_per_s
+
+    def to_json(self) -> dict:
+        return {**to_json(self), "candidates": [c.to_json() for c in self.candidates],
+                "test_speedup": self.test_speedup}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "BatchChoice":
+        data = {k: v for k, v in data.items() if k != "test_speedup"}
+        data["chosen"] = from_json(Candidate, data.get("chosen"))
+        data["candidates"] = [from_json(Candidate, c) for c in data.get("candidates", [])]
+        return from_json(cls, data)
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeedChoice:
+    """Per calibrated batch size the fastest lossless configuration, with the device it was measured on
+    and the pass-cost curve the prediction used ({batch, window, ms_per_pass, …} rows)."""
+
+    device: str
+    costs: list[dict]
+    choices: list[BatchChoice]
+    max_new_tokens: int
+
+    def mode_for(self, batch: int) -> tuple[Mode, BatchChoice]:
+        """The mode (with its knobs) chosen at the calibrated batch size nearest to `batch` (in ratio; a tie
+        goes to the smaller), and that choice."""
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch={batch!r}: expected an integer ≥ 1")
+        near = min(self.choices, key=lambda c: (abs(math.log(c.batch / batch)), c.batch))
+        return near.chosen.mode_object(), near
+
+    def config_for(self, batch: int, **shared) -> GenerationConfig:
+        """The `GenerationConfig` that decodes a batch of `batch` prompts with `mode_for(batch)`'s mode, at
+        the calibrated `max_new_tokens` unless `shared` (the shared sampling fields) says otherwise."""
+        return GenerationConfig(mode=self.mode_for(batch)[0], **{"max_new_tokens": self.max_new_tokens, **shared})
+
+    def to_json(self) -> dict:
+        return {"device": self.device, "costs": self.costs, "choices": [c.to_json() for c in self.choices],
+                "max_new_tokens": self.max_new_tokens}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "SpeedChoice":
+        if not isinstance(data, dict):
+            raise ValueError(f"SpeedChoice.from_json: expected a mapping, got {type(data).__name__}")
+        data = dict(data)
+        data["choices"] = [BatchChoice.from_json(c) for c in data.get("choices", [])]
+        return from_json(cls, data)
+
+    def save(self, path: str) -> None:
+        atomic_write_json(path, self.to_json())
+
+    @classmethod
+    def load(cls, path: str) -> "SpeedChoice":
+        """A saved choice (`save`, an experiment's `eval/speed.json`); ValueError naming the file otherwise."""
+        try:
+            with open(path) as f:
+                return cls.from_json(json.load(f))
+        except OSError as e:
+            raise ValueError(f"speed table {path!r}: cannot read it ({e.strerror})") from None
+        except (ValueError, TypeError, KeyError) as e:
+            raise ValueError(f"speed table {path!r}: not a saved SpeedChoice ({e})") from None
+
+
+def device_name() -> str:
+    """The device the curve was measured on, e.g. "cpu", "gpu (NVIDIA H200)"."""
+    d = jax.devices()[0]
+    return d.platform if d.device_kind.lower() == d.platform else f"{d.platform} ({d.device_kind})"
+
+
+def costed(points: list[FrontierPoint], max_new_tokens: int) -> list[tuple[FrontierPoint, tuple[int, ...]]]:
+    """AR's and the lossless points whose cycle the pass-cost curve prices, with their cycles' windows."""
+    out = []
+    for p in points:
+        if p.mode != "ar" and not modes_lib.MODES[p.mode].lossless:
+            continue
+        windows = passes.cycle_windows(generation_config(p.mode, max_new_tokens, {p.mode: p.knobs}))
+        if windows is not None:
+            out.append((p, windows))
+    return out
+
+
+def predicted_speedup(point: FrontierPoint, windows: tuple[int, ...], ar_tpf: float, cost: dict, batch: int) -> float:
+    """(tpf / tpf_AR) · c(b, 1) / mean over the cycle's passes of c(b, W) (module doc, step 2)."""
+    mean = sum(cost[batch, w] for w in windows) / len(windows)
+    return point.tokens_per_forward / ar_tpf * cost[batch, 1] / mean
+
+
+def predict(points: list[FrontierPoint], costs: list[dict], batch: int, max_new_tokens: int) -> list[Candidate]:
+    """Every costed lossless point as a `Candidate` at `batch`, AR first, then by predicted speed-up."""
+    cost = {(r["batch"], r["window"]): r["ms_per_pass"] for r in costs}
+    priced = costed(points, max_new_tokens)
+    ar = next(p for p, _ in priced if p.mode == "ar")
+    cands = [Candidate(p.mode, dict(p.knobs), p.point, p.tokens_per_forward,
+                       predicted_speedup(p, w, ar.tokens_per_forward, cost, batch)) for p, w in priced]
+    return sorted(cands, key=lambda c: (c.mode != "ar", -c.predicted_speedup))
+
+
+def curve(model: Inference, points: list[FrontierPoint], prompts: list[list[int]], sc: SpeedConfig,
+          max_new_tokens: int) -> list[dict]:
+    """The pass-cost curve at the calibrated batch sizes and the windows of the candidates' cycles, the cache
+    holding a typical context (the mean prompt plus half the budget)."""
+    windows = sorted({1} | {w for _, ws in costed(points, max_new_tokens) for w in ws})
+    context = int(np.mean([len(p) for p in prompts])) + max_new_tokens // 2
+    return passes.pass_costs(model.params, model.config, sc.batches, windows, context, sc.repeats)
+
+
+def race(model: Inference, prompts: list[list[int]], cands: list[Candidate], max_new_tokens: int, batch: int,
+         repeats: int, seed: int = 0) -> list[float]:
+    """Each candidate's best tokens/s over `repeats` rounds of decoding `prompts` at `batch`, the candidates
+    taking turns within a round (all of them see the same machine, whatever else it runs); the first round
+    compiles each program in an untimed decode first."""
+    best = [0.0] * len(cands)
+    for r in range(repeats):
+        for i, c in enumerate(cands):
+            gen = generation_config(c.mode, max_new_tokens, {c.mode: c.knobs})
+            adapter = model.adapter if getattr(gen.mode, "drafter", None) == "lora" else None
+            out = evaluate_mode(model.params, model.config, model.tokenizer, prompts, gen, jax.random.PRNGKey(seed),
+                                batch, adapter, model.lora, warmup=r == 0)
+            best[i] = max(best[i], out.tokens_per_s)
+    return best
+
+
+def timed_prompts(prompts: list[list[int]], batch: int, examples: int) -> list[list[int]]:
+    """The first `examples` prompts, a whole number of batches (at least one batch, reusing prompts if
+    there are fewer)."""
+    n = max(batch, examples // batch * batch)
+    return [prompts[i % len(prompts)] for i in range(n)]
+
+
+def choose(model: Inference, points: list[FrontierPoint], val_records: list[dict], ev: EvalConfig,
+           sc: SpeedConfig) -> SpeedChoice:
+    """Per batch size of `sc`, the fastest lossless configuration among AR and the frontier's lossless
+    `points` (module doc): predicted from the pass-cost curve, AR and the `sc.confirm` best predicted
+    timed on validation, the fastest measured chosen."""
+    prompts = render_records(val_records, model.tokenizer, model.prompt_format, ev.answer, ev.answer_regex or None)[1]
+    if not any(p.mode == "ar" for p in points):
+        raise ConfigError("speed: choosing for time compares against AR: add 'ar' to eval.modes")
+    costs = curve(model, points, prompts, sc, ev.max_new_tokens)
+    choices = []
+    for b in sc.batches:
+        cands = predict(points, costs, b, ev.max_new_tokens)
+        n = 1 + sc.confirm
+        tps = race(model, timed_prompts(prompts, b, sc.examples), cands[:n], ev.max_new_tokens, b, sc.repeats, ev.seed)
+        ranked = [dataclasses.replace(c, tokens_per_s=t, ar_tokens_per_s=tps[0]) for c, t in zip(cands, tps)] + cands[n:]
+        choices.append(BatchChoice(batch=b, chosen=max(ranked[:n], key=lambda c: c.tokens_per_s), candidates=ranked))
+    return SpeedChoice(device=device_name(), costs=costs, choices=choices, max_new_tokens=ev.max_new_tokens)
+
+
+def time_on_test(model: Inference, choice: SpeedChoice, records: list[dict], ev: EvalConfig,
+                 sc: SpeedConfig) -> SpeedChoice:
+    """Each batch size's chosen configuration and AR timed on the test prompts at that batch, taking turns
+    (`race`), best of `sc.repeats` each."""
+    prompts = render_records(records, model.tokenizer, model.prompt_format, ev.answer, ev.answer_regex or None)[1]
+    out = []
+    for c in choice.choices:
+        ar = next(x for x in c.candidates if x.mode == "ar")
+        pair = [ar] if c.chosen.mode == "ar" else [ar, c.chosen]
+        tps = race(model, timed_prompts(prompts, c.batch, sc.examples), pair, ev.max_new_tokens, c.batch,
+                   sc.repeats, ev.seed)
+        out.append(dataclasses.replace(c, test_tokens_per_s=tps[-1], test_ar_tokens_per_s=tps[0]))
+    return dataclasses.replace(choice, choices=out)
+
+
+def markdown(choice: SpeedChoice) -> str:
+    """The report's table: per batch size the chosen configuration, its predicted and validation speed-up
+    and its tokens/s on test against AR's."""
+    def x(v):
+        return "–" if v is None else f"{v:.2f}×"
+
+    lines = ["| batch | chosen | tokens / forward | predicted vs AR | validation vs AR | tokens / s on test "
+             "(AR) | test vs AR |", "|---|---|---|---|---|---|---|"]
+    for c in choice.choices:
+        ch = c.chosen
+        test = "–" if c.test_tokens_per_s is None else f"{c.test_tokens_per_s:.0f} ({c.test_ar_tokens_per_s:.0f})"
+        lines.append(f"| {c.batch} | {ch.mode} {ch.point or ''} | {ch.tokens_per_forward:.2f} | "
+                     f"{x(ch.predicted_speedup)} | {x(ch.speedup)} | {test} | {x(c.test_speedup)} |")
+    return "\n".join(lines)
