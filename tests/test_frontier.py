@@ -40,8 +40,8 @@ HEAD_8 = [
     2, 0.9, 0.9, False, False), ('slotted', 8, 2, 0.9, 0.9, True, False), ('slotted', 8, 2, 0.9, 0.9, True, True),
     ('spec-self', 2), ('spec-self', 4), ('spec-self', 8), ('spec-self', 16), ('spec-lora', 2), ('spec-lora', 4),
     ('spec-lora', 8), ('spec-lora', 16), ('spec-model', 2), ('spec-model', 4), ('spec-model', 8), ('spec-model',
-    16), ('spec-self-fused', 4), ('spec-self-fused', 8), ('spec-self-fused', 16), ('spec-lora-fused', 4),
-    ('spec-lora-fused', 8), ('spec-lora-fused', 16)
+    16), ('spec-self-fused', 4, 0), ('spec-self-fused', 4, 1), ('spec-self-fused', 4, 2), ('spec-self-fused', 8, 0), ('spec-self-fused', 8, 1), ('spec-self-fused', 8, 2), ('spec-self-fused', 16, 0), ('spec-self-fused', 16, 1), ('spec-self-fused', 16, 2), ('spec-lora-fused', 4, 0), ('spec-lora-fused', 4, 1), ('spec-lora-fused', 4, 2),
+    ('spec-lora-fused', 8, 0), ('spec-lora-fused', 8, 1), ('spec-lora-fused', 8, 2), ('spec-lora-fused', 16, 0), ('spec-lora-fused', 16, 1), ('spec-lora-fused', 16, 2)
 ]
 HEAD_32 = [
     ('ar',), ('mdm', 0, 0.5, 'random', 'mask'), ('mdm', 0, 0.5, 'logical', 'mask'), ('mdm', 0, 0.5, 'confidence',
@@ -80,10 +80,11 @@ HEAD_32 = [
     2, 0.9, 0.9, False, False), ('slotted', 8, 2, 0.9, 0.9, True, False), ('slotted', 8, 2, 0.9, 0.9, True, True),
     ('spec-self', 2), ('spec-self', 4), ('spec-self', 8), ('spec-self', 16), ('spec-lora', 2), ('spec-lora', 4),
     ('spec-lora', 8), ('spec-lora', 16), ('spec-model', 2), ('spec-model', 4), ('spec-model', 8), ('spec-model',
-    16), ('spec-self-fused', 4), ('spec-self-fused', 8), ('spec-self-fused', 16), ('spec-lora-fused', 4),
-    ('spec-lora-fused', 8), ('spec-lora-fused', 16)
+    16), ('spec-self-fused', 4, 0), ('spec-self-fused', 4, 1), ('spec-self-fused', 4, 2), ('spec-self-fused', 8, 0), ('spec-self-fused', 8, 1), ('spec-self-fused', 8, 2), ('spec-self-fused', 16, 0), ('spec-self-fused', 16, 1), ('spec-self-fused', 16, 2), ('spec-lora-fused', 4, 0), ('spec-lora-fused', 4, 1), ('spec-lora-fused', 4, 2),
+    ('spec-lora-fused', 8, 0), ('spec-lora-fused', 8, 1), ('spec-lora-fused', 8, 2), ('spec-lora-fused', 16, 0), ('spec-lora-fused', 16, 1), ('spec-lora-fused', 16, 2)
 ]
 FIELDS = {"mdm": ("steps", "alpha0", "order", "sequential"),
+          **{m: ("draft_length", "scenarios") for m in ("spec-self-fused", "spec-lora-fused")},
           "slotted": ("slot_size", "serial_num_blocks", "slot_threshold", "token_threshold", "ar_infill",
                       "ar_first_token")}
 
@@ -93,7 +94,7 @@ def test_default_grid_is_todays_point_for_point(budget, head):
     """Same points, same knob values, same order: mode B's corrections as one joint key, NB 0 → G // S (a
     point that then decodes like another is dropped, S > G too), mode A's folds (T = 0 reads neither α0
     nor the sequential convention, α0 = 1 no convention: one point each, the first of the grid), F for
-    the two-pass drafters and K for the fused ones."""
+    the two-pass drafters and K × the scenario blocks (all, 1, 2) for the fused ones."""
     want = [(name, modes.mode(name, **dict(zip(FIELDS.get(name, ("draft_length",)), values))))
             for name, *values in head]
     got = [(name, modes.mode(name, **knobs)) for name, knobs in frontier.grid_points(FrontierConfig(), MODES, budget)]

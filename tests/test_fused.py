@@ -49,11 +49,42 @@ def test_window_layout_lora():
         assert mask[rows].sum() == 2 * (m + 1) + 3
 
 
-@pytest.mark.parametrize("model,drafter,k", [("random", "self", 3), ("trained", "self", 4), ("random", "lora", 3),
-                                             ("trained", "lora", 4)])
-def test_greedy_identical_to_ar(model, drafter, k):
+def test_scenario_layout_is_the_window_layout_for_every_length():
+    """The per-row layout of S chosen scenario blocks: with every length in order it is the static window;
+    with a subset, each block is the static window's block of its length."""
+    for drafter in ("self", "lora"):
+        k = 3
+        blk = fused.block_rows(k, drafter)
+        offsets, mask = fused.window_layout(k, drafter)
+        ms = jnp.asarray([[0, 1, 2, 3], [0, 1, 2, 3]], jnp.int32)
+        got_o, got_m = fused.scenario_layout(ms, k, blk)
+        np.testing.assert_array_equal(got_o, np.broadcast_to(offsets, got_o.shape))
+        np.testing.assert_array_equal(got_m, np.broadcast_to(mask, got_m.shape))
+        got_o, got_m = fused.scenario_layout(jnp.asarray([[3, 1]], jnp.int32), k, blk)
+        w = k + 1
+        rows = [np.arange(w)] + [w + m * blk + np.arange(blk) for m in (3, 1)]
+        keep = np.concatenate(rows)
+        np.testing.assert_array_equal(got_o[0], offsets[keep])
+        np.testing.assert_array_equal(got_m[0], mask[np.ix_(keep, keep)])
+
+
+def test_likely_scenarios_by_the_drafts_own_probabilities():
+    """P(m) ∝ a1 ⋯ am (1 − a_{m+1}), enumerated in NumPy: the top S lengths per row."""
+    conf = np.asarray([[0.9, 0.8, 0.1], [0.2, 0.99, 0.99], [0.99, 0.99, 0.99]])
+    got = np.asarray(fused.likely_scenarios(jnp.asarray(conf, jnp.float32), 2))
+    for row, c in zip(got, conf):
+        a = np.append(c, 0.0)
+        prob = [np.prod(a[:m]) * (1 - a[m]) for m in range(len(c) + 1)]
+        assert sorted(row.tolist()) == sorted(np.argsort(prob)[::-1][:2].tolist())
+
+
+@pytest.mark.parametrize("model,drafter,k,scenarios", [("random", "self", 3, 0), ("trained", "self", 4, 0),
+                                                       ("random", "lora", 3, 0), ("trained", "lora", 4, 0),
+                                                       ("trained", "self", 4, 2), ("trained", "lora", 4, 1)])
+def test_greedy_identical_to_ar(model, drafter, k, scenarios):
     """Ragged batch; on the trained model (with the trained adapter) drafts are accepted, EOS falls
-    inside a block and the budget (23, not a multiple of a cycle's yield) ends inside one."""
+    inside a block and the budget (23, not a multiple of a cycle's yield) ends inside one. With S < K+1
+    scenario blocks a cycle that stops elsewhere drafts from the wrong block, and the output is still AR's."""
     params = random_model() if model == "random" else trained_model()
     untrained, trained, _ = adapters()
     adapter = {"lora_params": trained if model == "trained" else untrained, "lora": LORA} if drafter == "lora" else {}
@@ -64,13 +95,15 @@ def test_greedy_identical_to_ar(model, drafter, k):
         eos = int(generate(params, CFG, prompts, base.replace(stop_at_eos=False), jax.random.PRNGKey(0)).tokens[0, 3])
         base = base.replace(eos_token_id=eos)
     ref = generate(params, CFG, prompts, base, jax.random.PRNGKey(0))
-    out = generate(params, CFG, prompts, base.replace(mode=mode(f"spec-{drafter}-fused", draft_length=k)),
+    out = generate(params, CFG, prompts, base.replace(mode=mode(f"spec-{drafter}-fused", draft_length=k,
+                                                                 scenarios=scenarios)),
                    jax.random.PRNGKey(1), **adapter)
     np.testing.assert_array_equal(out.lengths, ref.lengths)
     np.testing.assert_array_equal(out.tokens, ref.tokens)
     np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-4)  # every token from a verify row
     st = out.stats
     assert st["fused"] and len(st["acceptance_by_position"]) == k and 0.0 <= st["accepted_per_cycle"] <= k
+    assert st["scenarios"] == (scenarios or k + 1) and (st["scenario_hit_rate"] == 1.0 or scenarios)
     # the prefill (which drafts the first cycle) + one pass per cycle; a cycle yields 1 … K+1 tokens
     cycles = out.num_forward_passes - 1
     assert st["tokens_per_forward"] == pytest.approx(out.lengths.sum() / cycles.sum())
@@ -97,8 +130,9 @@ def test_one_forward_per_cycle(monkeypatch, drafter, rows):
     assert int(raw["loop_passes"]) == 1 + int(raw["row_cycles"].max())
 
 
-@pytest.mark.parametrize("drafter,temperature", [("self", 1.0), ("self", 0.0), ("lora", 0.0)])
-def test_cache_and_drafts_after_each_cycle_equal_a_recompute(drafter, temperature):
+@pytest.mark.parametrize("drafter,temperature,scenarios", [("self", 1.0, 0), ("self", 0.0, 0), ("lora", 0.0, 0),
+                                                            ("self", 1.0, 2)])
+def test_cache_and_drafts_after_each_cycle_equal_a_recompute(drafter, temperature, scenarios):
     """After the prefill and after 1, 2, 3 cycles: the cache is the AR K/V of the committed text minus its
     last token y, and (greedy) the next drafts are the drafter's argmax of a full forward over text minus
     y followed by the scenario block the cycle chose: K+1 masks, read by the MDM convention (self); K
@@ -109,8 +143,8 @@ def test_cache_and_drafts_after_each_cycle_equal_a_recompute(drafter, temperatur
     k, budget = 3, 24
     lp, lora = (adapters()[1], dataclasses.replace(LORA, noise="mask")) if drafter == "lora" else (None, None)
     blk = fused.block_rows(k, drafter)
-    gc = GenerationConfig(mode=mode(f"spec-{drafter}-fused", draft_length=k), max_new_tokens=budget,
-                          temperature=temperature, stop_at_eos=False)
+    gc = GenerationConfig(mode=mode(f"spec-{drafter}-fused", draft_length=k, scenarios=scenarios),
+                          max_new_tokens=budget, temperature=temperature, stop_at_eos=False)
     tokens, lengths = pad_prompts(prompts, gc.prompt_bucket, CFG.pad_token_id)
     width = tokens.shape[1] + budget + k + 1
 
@@ -152,11 +186,12 @@ def test_cache_and_drafts_after_each_cycle_equal_a_recompute(drafter, temperatur
                 np.testing.assert_array_equal(raw["drafts"][i], rows.argmax(-1))
 
 
-@pytest.mark.parametrize("drafter,top_k", [("self", 0), ("self", 3), ("lora", 0)])
-def test_first_three_tokens_joint_distribution(drafter, top_k):
+@pytest.mark.parametrize("drafter,top_k,scenarios", [("self", 0, 0), ("self", 3, 0), ("lora", 0, 0), ("self", 0, 1)])
+def test_first_three_tokens_joint_distribution(drafter, top_k, scenarios):
     """Histogram of the first three tokens from fused Ψ-Spec (temperature 1, K = 2) vs the AR model's
     exact distribution, enumerated with full forwards (V = 7 sampleable ids: 343 outcomes). The LoRA
-    drafter is a random adapter shifted off zero, so its q differs from p and drafts are rejected."""
+    drafter is a random adapter shifted off zero, so its q differs from p and drafts are rejected. With
+    one scenario block, most cycles take their next drafts from a block prepared for another length."""
     params = jax.jit(model_lib.init_params, static_argnums=0)(SMALL, jax.random.PRNGKey(11))
     params = {**params, "lm_head": params["lm_head"] * 20.0}  # a spread but non-flat p
     small_lora = LoraConfig(rank=2, alpha=4.0)
@@ -179,8 +214,8 @@ def test_first_three_tokens_joint_distribution(drafter, top_k):
     exact = p1[:, None, None] * p2[:, :, None] * p3
 
     n = 60_000
-    gc = GenerationConfig(mode=mode(f"spec-{drafter}-fused", draft_length=2), max_new_tokens=3, temperature=1.0,
-                          top_k=top_k)
+    gc = GenerationConfig(mode=mode(f"spec-{drafter}-fused", draft_length=2, scenarios=scenarios), max_new_tokens=3,
+                          temperature=1.0, top_k=top_k)
     raw = fused.fused_decode(params, lp, jnp.broadcast_to(jnp.asarray(prompt, jnp.int32), (n, len(prompt))),
                              jnp.full((n,), len(prompt), jnp.int32), jax.random.PRNGKey(13), jnp.int32(3),
                              config=SMALL, gcfg=gc, lora=lora)
@@ -205,10 +240,14 @@ def test_fused_modes_have_their_own_knobs():
         gc.validate(CFG)
         for knob in ("draft_passes", "draft_when_active_below", "fused", "drafter"):
             with pytest.raises(ValueError, match=rf"not a field of mode '{name}' \(\['draft_length', 'proposal', "
-                                                 r"'proposal_temperature'\]\)"):
+                                                 r"'proposal_temperature', 'scenarios'\]\)"):
                 gc.with_knobs(**{knob: 2})
         with pytest.raises(ValueError, match=f"knobs.{name}.draft_length=0: expected an integer ≥ 1"):
             gc.with_knobs(draft_length=0).validate(CFG)
+        with pytest.raises(ValueError, match=rf"knobs.{name}.scenarios=5: expected an integer in \[0, draft_length \+ 1 = 4\]"):
+            gc.with_knobs(scenarios=5).validate(CFG)
+        assert gc.with_knobs(scenarios=4).mode.canonical(32) == gc.mode  # all K+1: the default window
+        assert gc.with_knobs(scenarios=2).mode.short() == "K=3 S=2"
     assert GenerationConfig(mode="spec-self-fused").needs_mask_token
     assert not GenerationConfig(mode="spec-lora-fused").needs_mask_token
     with pytest.raises(ValueError, match="mode 'spec-lora-fused' needs the adapter"):

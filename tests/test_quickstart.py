@@ -89,7 +89,7 @@ def test_knobs_chosen_on_validation_frontier(smoke_run):
     assert sum(p["mode"] == "slotted" for p in points) == 4   # 1 S × 1 NB × 1 τs × 2 τt × 2 rules
     assert sum(p["mode"] == "mdm" for p in points) == 2 and sum(p["mode"] == "spec-self" for p in points) == 1
     assert sum(p["mode"] == "spec-lora" for p in points) == 1
-    assert [p["knobs"] for p in points if p["mode"].endswith("-fused")] == [{"draft_length": 2}] * 2
+    assert [p["knobs"] for p in points if p["mode"].endswith("-fused")] == [{"draft_length": 2, "scenarios": 0}] * 2
     ar_val = next(p for p in points if p["mode"] == "ar")
     assert all(len(p["correct"]) == 4 and sum(p["correct"]) == 4 * p["accuracy"] for p in points)
     for row in report["modes"]:

@@ -4,7 +4,7 @@ every decoding mode over a grid of its knobs, and the knobs of each mode chosen 
 Training and decoding are decoupled (docs/algorithms.md §4), so one checkpoint yields a whole frontier
 without any retraining. The grid (`FrontierConfig.grid`) may name any field of any mode and lists none
 itself: by default mode B over S × NB × τs × τt × the AR corrections (`sampling.slotted`), mode A over
-T × α0 × order × sequential convention, speculative decoding over F (K fused), AR as the reference
+T × α0 × order × sequential convention, speculative decoding over F (K × scenarios fused), AR as the reference
 point. A mode's traced fields (`Mode.TRACED`: mode B's thresholds and corrections, mode A's α0, planned
 order and sequential convention) are runtime values, so each (S, NB) compiles once and each T once,
 twice with the confidence order (`sampling.generate`).
@@ -35,7 +35,9 @@ from .results import FrontierPoint
 # The default grid, point for point the one the frontier has always swept: mode B over S × NB × τs × τt ×
 # the AR corrections (ReFusion's rule, AR infill, both), mode A over T × α0 × order × sequential
 # convention, F for the two-pass drafters and K for the fused ones (no K = 2: a fused window has
-# (K+1)(K+2) or (K+1)² rows, which a CPU pays for in proportion, and it never wins on tokens per forward).
+# (K+1)(K+2) or (K+1)² rows, which a CPU pays for in proportion, and it never wins on tokens per forward)
+# with all K+1 scenario blocks or the 1 or 2 most likely (`scenarios`: a window of (K+1) + S·B rows; the
+# full window always has the most tokens per forward, the smaller ones are there for the choice for time).
 # Mode A beats AR's tokens per forward only when α0·M > T (≈ M / (1 + min(N_d, T) + (1 − α0)·M)), so
 # there is no α0 = 0.25 point (≈ 0.85 by construction at T = 16) and no T = 16 point; T = 4 with the
 # logical order decodes chunks of M / 4 left to right — a slot-sized query on a slotted checkpoint.
@@ -47,7 +49,7 @@ DEFAULT_GRID = {
                 "token_threshold": (0.3, 0.5, 0.7, 0.9),
                 "ar_infill,ar_first_token": ((False, False), (True, False), (True, True))},
     **{m: {"draft_length": (2, 4, 8, 16)} for m in ("spec-self", "spec-lora", "spec-model")},
-    **{m: {"draft_length": (4, 8, 16)} for m in ("spec-self-fused", "spec-lora-fused")},
+    **{m: {"draft_length": (4, 8, 16), "scenarios": (0, 1, 2)} for m in ("spec-self-fused", "spec-lora-fused")},
 }
 CHECK_BUDGET = 1 << 16  # the generation budget each grid value is checked at when the config is built
 

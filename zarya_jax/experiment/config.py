@@ -210,6 +210,7 @@ SMOKE = {"task.num_train": 64, "task.num_test": 4, "task.num_val": 4, "model.hid
          "frontier.grid.mdm.sequential": ["ar"],
          **{f"frontier.grid.{m}.draft_length": [4] for m in ("spec-self", "spec-lora", "spec-model")},
          **{f"frontier.grid.{m}.draft_length": [2] for m in ("spec-self-fused", "spec-lora-fused")},
+         **{f"frontier.grid.{m}.scenarios": [0] for m in ("spec-self-fused", "spec-lora-fused")},
          "draft_model.steps": 4, "draft_model.batch_size": 8, "speed.batches": [1, 2], "speed.examples": 2,
          "speed.repeats": 1}
 """The smoke size (`--smoke`, tests): seconds instead of minutes, a tiny model, a handful of steps and

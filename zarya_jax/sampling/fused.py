@@ -26,7 +26,13 @@ commits the K/V of `y, d1 … dm` (computed against the cache: the AR K/V), keep
 takes block m's draft rows as the next drafts and q. Each emitted token has its AR
 logits at hand (d_j from verify row j−1, e from row m), so its log-probability costs nothing.
 
-Every cycle has K drafts, so the knobs are `draft_length` = K and the drafts' `proposal` (`Fused`). The
+Preparing fewer scenarios (`Fused.scenarios` = S < K+1): each row's window holds the S blocks of the
+acceptance lengths its drafter finds most probable (from its own probabilities of its drafts,
+`likely_scenarios`), laid out per row (`scenario_layout`); a cycle that stops at another length takes
+the next drafts from the prepared block of the largest length below it (drafts for other positions:
+verified like any drafts, so still lossless, only rarely accepted; `scenario_hit_rate` counts the hits).
+
+Every cycle has K drafts, so the knobs are `draft_length` = K, `scenarios` and the drafts' `proposal` (`Fused`). The
 first cycle's drafts come from the prefill itself: one causal pass over each prompt followed by B−1 noise
 rows (`prefill_and_draft`) commits the prompt minus y and reads the rows of y and the noise as a scenario
 block (for the LoRA drafter y's row is its AR row, so d1 is proposed from p itself). Forward passes per
@@ -59,13 +65,37 @@ Array = jax.Array
 
 @dataclasses.dataclass(frozen=True)
 class Fused(spec.Speculative):
-    """Fused Ψ-Spec's knobs (module doc): `spec.Speculative`'s, with draft_length K drafts per cycle."""
+    """Fused Ψ-Spec's knobs (module doc): `spec.Speculative`'s, with draft_length K drafts per cycle, and
+
+    scenarios: S, the scenario blocks a cycle prepares (1 … K+1; 0, the default, is all K+1): per row the S
+    acceptance lengths the drafter itself finds most probable (`likely_scenarios`), the window then
+    (K+1) + S·B rows instead of (K+1)(1+B). A cycle that stops at a length it did not prepare
+    takes the next drafts from the prepared block nearest below (drafts for other positions, verified
+    as any drafts are: lossless, only rarely accepted). Static: it sets the window's shape.
+    """
+
+    scenarios: int = 0
+
+    def check(self, gc) -> None:
+        super().check(gc)
+        k = self.draft_length
+        if isinstance(self.scenarios, bool) or not isinstance(self.scenarios, int) or not 0 <= self.scenarios <= k + 1:
+            raise ValueError(f"{self.knob_name('scenarios')}={self.scenarios!r}: expected an integer in [0, "
+                             f"draft_length + 1 = {k + 1}] (0: all of them)")
+
+    def canonical(self, max_new_tokens: int) -> "Fused":
+        point = super().canonical(max_new_tokens)
+        return dataclasses.replace(point, scenarios=0) if point.scenarios == point.draft_length + 1 else point
+
+    def prepared(self) -> int:
+        """S, the scenario blocks of a window."""
+        return self.scenarios or self.draft_length + 1
 
     def lookahead(self) -> int:
         return 2 * self.draft_length  # the last scenario rows reach K positions past the last draft
 
     def short(self) -> str:
-        return f"K={self.draft_length}" + self.proposal_label()
+        return f"K={self.draft_length}" + (f" S={self.scenarios}" if self.scenarios else "") + self.proposal_label()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +139,35 @@ def window_layout(k: int, drafter: str = "self") -> tuple[np.ndarray, np.ndarray
 
 def window_rows(gcfg: GenerationConfig) -> int:
     k = gcfg.mode.draft_length
-    return (k + 1) * (1 + block_rows(k, gcfg.mode.drafter))
+    return k + 1 + gcfg.mode.prepared() * block_rows(k, gcfg.mode.drafter)
+
+
+def scenario_layout(ms: Array, k: int, blk: int) -> tuple[Array, Array]:
+    """`window_layout` for the scenario blocks of acceptance lengths `ms` int [b, S] (per row, any S of
+    0 … K): (position offsets from n int [b, T], mask bool [b, T, T]) with T = (K+1) + S·B, block s
+    (rows (K+1) + s·B …) at n+m_s … seeing y, d1 … d_{m_s} and itself causally."""
+    b, S = ms.shape
+    w = k + 1
+    blk_of = jnp.repeat(jnp.arange(S), blk)                  # [S·B] the block of each scenario row
+    within = jnp.tile(jnp.arange(blk), S)                    # its row within the block
+    m_row = jnp.take_along_axis(ms, jnp.broadcast_to(blk_of, (b, S * blk)), axis=1)  # [b, S·B]
+    offsets = jnp.concatenate([jnp.broadcast_to(jnp.arange(w) - 1, (b, w)), m_row + within], axis=1)
+    verify = jnp.tril(jnp.ones((w, w), bool))
+    sees_verify = jnp.arange(w)[None, None, :] <= m_row[:, :, None]                 # [b, S·B, w]
+    own = (blk_of[:, None] == blk_of[None, :]) & (within[:, None] >= within[None, :])  # [S·B, S·B]
+    top = jnp.broadcast_to(jnp.concatenate([verify, jnp.zeros((w, S * blk), bool)], axis=1), (b, w, w + S * blk))
+    bottom = jnp.concatenate([sees_verify, jnp.broadcast_to(own, (b, S * blk, S * blk))], axis=2)
+    return offsets.astype(jnp.int32), jnp.concatenate([top, bottom], axis=1)
+
+
+def likely_scenarios(conf: Array, s: int) -> Array:
+    """The `s` acceptance lengths m ∈ 0 … K most probable per row, by the drafter's own probability of each
+    of its drafts, conf [b, K] (a_j = q_j(d_j), raw logits, temperature 1): P(m) ∝ a_1 ⋯ a_m (1 − a_{m+1}),
+    with a_{K+1} = 0. Returns int [b, s]."""
+    log_a = jnp.log(jnp.clip(conf, 1e-30, 1.0))
+    head = jnp.concatenate([jnp.zeros_like(conf[:, :1]), jnp.cumsum(log_a, axis=1)], axis=1)       # Σ_{j≤m} log a_j
+    tail = jnp.log1p(-jnp.clip(jnp.concatenate([conf, jnp.zeros_like(conf[:, :1])], axis=1), 0.0, 1.0 - 1e-7))
+    return jax.lax.top_k(head + tail, s)[1].astype(jnp.int32)
 
 
 def prefill_and_draft(params, config: ModelConfig, prompts: Array, lengths: Array, noise: Array, blk: int,
@@ -185,11 +243,18 @@ class Window:
         """LoRA on the drafting rows only; the self drafter has one set of weights."""
         return {} if self.self_drafts else {"gate": jnp.broadcast_to(on, (self.b,) + on.shape[1:])}
 
-    def drafts_from(self, k: Array, logits: Array, presence) -> tuple[Array, Array]:
-        """The drafts (by the mode's `proposal`) and the distribution they were drawn from; any q is
-        lossless, so the penalty set is the committed text's."""
+    @property
+    def S(self) -> int:
+        return self.gcfg.mode.prepared()
+
+    def drafts_from(self, k: Array, logits: Array, presence) -> tuple[Array, Array, Array]:
+        """The drafts (by the mode's `proposal`), the distribution they were drawn from (any q is lossless,
+        so the penalty set is the committed text's) and the drafter's own probability of each (softmax of
+        the raw logits: what `likely_scenarios` reads)."""
         pres = None if presence is None else presence[:, None, :]
-        return self.qdraw(k, logits, pres), self.qdist(logits, pres)
+        drafts = self.qdraw(k, logits, pres)
+        conf = jnp.take_along_axis(jax.nn.softmax(logits, axis=-1), drafts[..., None], axis=-1)[..., 0]
+        return drafts, self.qdist(logits, pres), conf
 
 
 def _start(fx: Window, prompts: Array, lengths: Array) -> dict:
@@ -202,22 +267,35 @@ def _start(fx: Window, prompts: Array, lengths: Array) -> dict:
                                        fx.noise(k_boot_noise, (b, P + fx.blk - 1)), fx.blk,
                                        spec.cache_rows(fx.gcfg, P), fx.gcfg.kv_cache_dtype, fx.adapter or None)
     presence = decoding.initial_presence(prompts, lengths, fx.config.vocab_size, fx.gcfg)
-    drafts, q = fx.drafts_from(k_boot, boot[:, fx.first:], presence)
+    drafts, q, conf = fx.drafts_from(k_boot, boot[:, fx.first:], presence)
     _, pad = decoding.special_ids(fx.config, fx.gcfg)
-    return dict(cache=cache, y=y, n=lengths, drafts=drafts, q=q, out=jnp.full((b, G), pad, jnp.int32),
+    return dict(cache=cache, y=y, n=lengths, drafts=drafts, q=q, conf=conf, scenario_hits=jnp.int32(0),
+                out=jnp.full((b, G), pad, jnp.int32),
                 logprobs=jnp.zeros((b, G), jnp.float32), g=jnp.zeros((b,), jnp.int32),
                 done=jnp.zeros((b,), bool), cycle=jnp.int32(0), row_cycles=jnp.zeros((b,), jnp.int32),
                 accepted_sum=jnp.int32(0), accepted_at=jnp.zeros((K,), jnp.int32),
                 reached_at=jnp.zeros((K,), jnp.int32), presence=presence)
 
 
+def layout(fx: Window, s: dict) -> tuple[Array, Array, Array]:
+    """The cycle's window: (the acceptance lengths of its scenario blocks int [b, S], position offsets
+    [b or 1, T], mask [b, T, T]); every length in order when all K+1 are prepared (`window_layout`),
+    else each row's most likely S (`likely_scenarios`, `scenario_layout`)."""
+    b, K = fx.b, fx.K
+    if fx.S == K + 1:
+        offsets, mask = window_layout(K, fx.gcfg.mode.drafter)
+        ms = jnp.broadcast_to(jnp.arange(K + 1, dtype=jnp.int32), (b, K + 1))
+        return ms, jnp.asarray(offsets)[None, :], jnp.broadcast_to(jnp.asarray(mask), (b,) + mask.shape)
+    ms = likely_scenarios(s["conf"], fx.S)
+    return (ms, *scenario_layout(ms, K, fx.blk))
+
+
 def fused_cycle(fx: Window, s: dict) -> dict:
     """One cycle: the one pass over the verify block and the scenario blocks, acceptance, the commit of
-    `y, d1 … dm`, the emitted tokens and block m's drafts for the next cycle."""
+    `y, d1 … dm`, the emitted tokens and the next drafts: block m's, else (m not prepared) the prepared
+    block of the largest length below m (the first block if none)."""
     b, K, w, blk = fx.b, fx.K, fx.w, fx.blk
-    offsets, mask = window_layout(K, fx.gcfg.mode.drafter)
-    offsets = jnp.asarray(offsets)[None, :]
-    mask = jnp.broadcast_to(jnp.asarray(mask), (b,) + mask.shape)
+    ms, offsets, mask = layout(fx, s)
     scenario = jnp.arange(offsets.shape[1])[None, :] >= w
     idx_w = jnp.arange(w, dtype=jnp.int32)[None, :]
     idx_k = jnp.arange(K, dtype=jnp.int32)[None, :]
@@ -226,7 +304,7 @@ def fused_cycle(fx: Window, s: dict) -> dict:
     active = ~s["done"]
     c, n = s["cache"], s["n"]
     verify = jnp.concatenate([s["y"][:, None], s["drafts"]], axis=1)  # [y, d1 … dK]
-    tokens = jnp.concatenate([verify, fx.noise(jax.random.fold_in(kc, 2), (b, w * blk))], axis=1)
+    tokens = jnp.concatenate([verify, fx.noise(jax.random.fold_in(kc, 2), (b, fx.S * blk))], axis=1)
     logits, (k_win, v_win) = model_lib.apply(fx.params, fx.config, tokens, n[:, None] + offsets, cache=c,
                                              window_mask=mask, **fx.gated(scenario), **fx.adapter)
     logits_v = logits[:, :w]  # row j: p for position n+j
@@ -241,10 +319,12 @@ def fused_cycle(fx: Window, s: dict) -> dict:
                                                         logits_v, fx.eos, config=fx.config, gcfg=fx.gcfg)
     presence = decoding.add_presence(s["presence"], new, written)
 
-    # The next drafts: block m's draft rows (for positions n+m+1 … n+m+K).
-    blocks = logits[:, w:].reshape(b, w, blk, -1)
-    chosen = jnp.take_along_axis(blocks, m[:, None, None, None], axis=1)[:, 0, fx.first:]
-    drafts, q = fx.drafts_from(k_draw, chosen, presence)
+    # The next drafts: block m's draft rows (for positions n+m+1 … n+m+K), or the fallback block's.
+    hit = ms == m[:, None]
+    pick = jnp.argmax(jnp.where(hit, K + 1, jnp.where(ms <= m[:, None], ms, -1)), axis=1)
+    blocks = logits[:, w:].reshape(b, fx.S, blk, -1)
+    chosen = jnp.take_along_axis(blocks, pick[:, None, None, None], axis=1)[:, 0, fx.first:]
+    drafts, q, conf = fx.drafts_from(k_draw, chosen, presence)
 
     act = active.astype(jnp.int32)
     reached = (idx_k <= jnp.minimum(m, K - 1)[:, None]) & active[:, None]  # d1 … d_{m+1} examined
@@ -252,6 +332,8 @@ def fused_cycle(fx: Window, s: dict) -> dict:
     keep_row = active[:, None]
     return dict(cache=c, y=jnp.where(active, e, s["y"]), n=jnp.where(active, n + m + 1, n),
                 drafts=jnp.where(keep_row, drafts, s["drafts"]), q=jnp.where(keep_row[..., None], q, s["q"]),
+                conf=jnp.where(keep_row, conf, s["conf"]),
+                scenario_hits=s["scenario_hits"] + jnp.sum(jnp.any(hit, axis=1) & active),
                 out=out, logprobs=logprobs, g=g, done=s["done"] | finished, cycle=s["cycle"] + 1,
                 row_cycles=s["row_cycles"] + act, accepted_sum=s["accepted_sum"] + jnp.sum(m * act),
                 accepted_at=s["accepted_at"] + accepted.sum(0).astype(jnp.int32),
@@ -280,7 +362,8 @@ def fused_decode(params, lora_params, prompts: Array, lengths: Array, key: Array
     return {"tokens": s["out"], "lengths": s["g"], "logprobs": s["logprobs"],
             "num_forward_passes": 1 + s["row_cycles"], "loop_passes": 1 + s["cycle"], "row_cycles": s["row_cycles"],
             "accepted_sum": s["accepted_sum"], "accepted_at": s["accepted_at"], "reached_at": s["reached_at"],
-            "cache": s["cache"], "seed": s["y"], "positions": s["n"], "drafts": s["drafts"]}
+            "cache": s["cache"], "seed": s["y"], "positions": s["n"], "drafts": s["drafts"],
+            "scenario_hits": s["scenario_hits"]}
 
 
 def run(params, tokens: Array, lengths: Array, key: Array, *, config: ModelConfig, gcfg: GenerationConfig,
@@ -294,7 +377,11 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config: ModelConfi
 
 
 def stats(raw: dict, gcfg: GenerationConfig, tokens: np.ndarray, lengths: np.ndarray, out_lengths: np.ndarray) -> dict:
+    """`spec.summarize`'s, with `scenario_hit_rate`: the share of row-cycles whose acceptance length was
+    among the prepared scenarios (1 with all K+1)."""
     return {"drafter": gcfg.mode.drafter, "draft_length": gcfg.mode.draft_length, "fused": True,
+            "scenarios": gcfg.mode.prepared(),
+            "scenario_hit_rate": int(raw["scenario_hits"]) / max(int(np.sum(raw["row_cycles"])), 1),
             **spec.summarize(raw)}
 
 
