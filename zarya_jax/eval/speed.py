@@ -34,7 +34,7 @@ from ..sampling import GenerationConfig
 from ..sampling import modes as modes_lib
 from ..sampling import passes
 from ..sampling.mode import Mode
-from .evaluate import EvalConfig, evaluate_mode, generation_config, render_records
+from .evaluate import ADAPTER_MODES, EvalConfig, evaluate_mode, generation_config, render_records
 from .results import FrontierPoint, from_json, to_json
 
 
@@ -219,11 +219,11 @@ def race(model: Inference, prompts: list[list[int]], cands: list[Candidate], max
     """Each candidate's best tokens/s over `repeats` rounds of decoding `prompts` at `batch`, the candidates
     taking turns within a round (all of them see the same machine, whatever else it runs); the first round
     compiles each program in an untimed decode first."""
+    gens = [generation_config(c.mode, max_new_tokens, {c.mode: c.knobs}) for c in cands]
     best = [0.0] * len(cands)
     for r in range(repeats):
-        for i, c in enumerate(cands):
-            gen = generation_config(c.mode, max_new_tokens, {c.mode: c.knobs})
-            adapter = model.adapter if getattr(gen.mode, "drafter", None) == "lora" else None
+        for i, (c, gen) in enumerate(zip(cands, gens)):
+            adapter = model.adapter if c.mode in ADAPTER_MODES else None
             out = evaluate_mode(model.params, model.config, model.tokenizer, prompts, gen, jax.random.PRNGKey(seed),
                                 batch, adapter, model.lora, warmup=r == 0)
             best[i] = max(best[i], out.tokens_per_s)

@@ -250,9 +250,12 @@ class Window:
     def drafts_from(self, k: Array, logits: Array, presence) -> tuple[Array, Array, Array]:
         """The drafts (by the mode's `proposal`), the distribution they were drawn from (any q is lossless,
         so the penalty set is the committed text's) and the drafter's own probability of each (softmax of
-        the raw logits: what `likely_scenarios` reads)."""
+        the raw logits: what `likely_scenarios` reads; zeros when every scenario is prepared and nothing
+        reads it)."""
         pres = None if presence is None else presence[:, None, :]
         drafts = self.qdraw(k, logits, pres)
+        if self.S == self.K + 1:
+            return drafts, self.qdist(logits, pres), jnp.zeros(drafts.shape, jnp.float32)
         conf = jnp.take_along_axis(jax.nn.softmax(logits, axis=-1), drafts[..., None], axis=-1)[..., 0]
         return drafts, self.qdist(logits, pres), conf
 
