@@ -244,3 +244,41 @@ def test_fastest_lossless_configuration_per_batch(smoke_run, capsys):
     assert "--mode auto needs --speed FILE" in capsys.readouterr().err
     assert generate_cli.main(["--ckpt", ckpt, "--prompt", "x", "--mode", "ar", "--speed", "f.json"]) == 2
     assert "--speed is read by --mode auto only" in capsys.readouterr().err
+
+
+def test_choice_for_time_again_on_this_device(smoke_run, tmp_path, capsys):
+    """`experiments.speed WORKDIR`: a finished experiment's choice made again on the device in use, from its
+    report, checkpoint, drafter and splits (here a moved copy of the workdir: the recorded checkpoint path
+    is gone, the workdir's own train/final is read), written where `generate --mode auto` reads it."""
+    from experiments import speed as speed_cli
+    from zarya_jax.eval.speed import SpeedChoice
+
+    workdir, report, _ = smoke_run
+    moved = tmp_path / "moved"
+    shutil.copytree(workdir, moved)
+    doc = json.load(open(moved / "report.json"))
+    doc["checkpoint"] = str(tmp_path / "gone" / "train" / "final")
+    json.dump(doc, open(moved / "report.json", "w"))
+    capsys.readouterr()
+    assert speed_cli.main([str(moved), "--set", "batches=[1]", "--set", "confirm=2", "--set", "repeats=1",
+                           "--set", "examples=2"]) == 0
+    printed = capsys.readouterr().out
+    choice = SpeedChoice.load(str(moved / "eval" / "speed-cpu.json"))
+    assert [c.batch for c in choice.choices] == [1] and choice.device == "cpu"
+    c = choice.choices[0]
+    timed = [x for x in c.candidates if x.tokens_per_s is not None]
+    assert len(timed) == 3 and timed[0].mode == "ar" and c.chosen in timed
+    assert c.chosen == max(timed, key=lambda x: x.tokens_per_s) and c.test_ar_tokens_per_s > 0
+    # the candidates are the report's lossless frontier points, with the report's tokens per forward
+    front = {(p["mode"], p["point"]): p["tokens_per_forward"] for p in report["frontier"]["points"]}
+    assert all(front[x.mode, x.point] == x.tokens_per_forward for x in c.candidates)
+    assert printed.count("**(chosen)**") == 1 and f"wrote {moved}/eval/speed-cpu.json" in printed
+    # bad input: one error line, nothing written
+    assert speed_cli.main([str(tmp_path / "nowhere")]) == 2
+    assert "report.json: cannot read it" in capsys.readouterr().err
+    assert speed_cli.main([str(moved), "--set", "batches=[0]", "--out", str(tmp_path / "x.json")]) == 2
+    assert "speed.batches=[0]" in capsys.readouterr().err and not os.path.exists(tmp_path / "x.json")
+    doc["frontier"] = None
+    json.dump(doc, open(moved / "report.json", "w"))
+    assert speed_cli.main([str(moved), "--out", str(tmp_path / "x.json")]) == 2
+    assert "no validation frontier" in capsys.readouterr().err and not os.path.exists(tmp_path / "x.json")

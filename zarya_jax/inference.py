@@ -61,6 +61,13 @@ class Inference:
         return {} if self.draft_params is None else {"draft_params": self.draft_params,
                                                      "draft_config": self.draft_config}
 
+    def with_adapter(self, adapter: str, verify: bool = True, mesh=None) -> "Inference":
+        """This model with the LoRA drafter adapter saved in directory `adapter` (`lora.save`), checked
+        against the model, loaded onto `mesh` when one is given (as `load_for_inference`)."""
+        lora_params, lora = lora_lib.load(adapter, verify=verify, mesh=mesh)
+        lora_lib.check_lora(lora_params, self.config, lora)
+        return dataclasses.replace(self, adapter=lora_params, lora=lora)
+
     def with_draft_model(self, ckpt: str, verify: bool = True, mesh=None) -> "Inference":
         """This model with the draft model of checkpoint `ckpt` (checked against it: `spec_model.check_compatible`),
         loaded onto `mesh` when one is given (as `load_for_inference`)."""
@@ -111,12 +118,9 @@ def load_for_inference(ckpt: str, *, tokenizer: str | None = None, adapter: str 
     params, config = ckpt_lib.load(ckpt, mesh=mesh, verify=verify)
     spec = tokenizer_spec(ckpt, tokenizer, default_tokenizer)
     tok = load_tokenizer(spec)
-    lora_params = lora = None
-    if adapter:
-        lora_params, lora = lora_lib.load(adapter, verify=verify, mesh=mesh)
-        lora_lib.check_lora(lora_params, config, lora)
     model = Inference(ckpt=os.path.abspath(ckpt), params=params, config=config, tokenizer=tok, tokenizer_spec=spec,
-                      prompt_format=fmt, adapter=lora_params, lora=lora)
+                      prompt_format=fmt)
+    model = model.with_adapter(adapter, verify=verify, mesh=mesh) if adapter else model
     return model.with_draft_model(draft, verify=verify, mesh=mesh) if draft else model
 
 

@@ -34,7 +34,8 @@ from ..sampling import GenerationConfig
 from ..sampling import modes as modes_lib
 from ..sampling import passes
 from ..sampling.mode import Mode
-from .evaluate import ADAPTER_MODES, EvalConfig, evaluate_mode, generation_config, render_records
+from . import evaluate as evaluate_lib
+from .evaluate import EvalConfig, generation_config, render_records
 from .results import FrontierPoint, from_json, to_json
 
 
@@ -216,18 +217,10 @@ def curve(model: Inference, points: list[FrontierPoint], prompts: list[list[int]
 
 def race(model: Inference, prompts: list[list[int]], cands: list[Candidate], max_new_tokens: int, batch: int,
          repeats: int, seed: int = 0) -> list[float]:
-    """Each candidate's best tokens/s over `repeats` rounds of decoding `prompts` at `batch`, the candidates
-    taking turns within a round (all of them see the same machine, whatever else it runs); the first round
-    compiles each program in an untimed decode first."""
-    gens = [generation_config(c.mode, max_new_tokens, {c.mode: c.knobs}) for c in cands]
-    best = [0.0] * len(cands)
-    for r in range(repeats):
-        for i, (c, gen) in enumerate(zip(cands, gens)):
-            adapter = model.adapter if c.mode in ADAPTER_MODES else None
-            out = evaluate_mode(model.params, model.config, model.tokenizer, prompts, gen, jax.random.PRNGKey(seed),
-                                batch, adapter, model.lora, warmup=r == 0)
-            best[i] = max(best[i], out.tokens_per_s)
-    return best
+    """Each candidate's best tokens/s over `repeats` rounds of decoding `prompts` at `batch`, taking turns
+    (`evaluate.race`)."""
+    gens = [(c.mode, generation_config(c.mode, max_new_tokens, {c.mode: c.knobs})) for c in cands]
+    return [d.tokens_per_s for d in evaluate_lib.race(model, prompts, gens, batch, repeats, jax.random.PRNGKey(seed))]
 
 
 def timed_prompts(prompts: list[list[int]], batch: int, examples: int) -> list[list[int]]:
@@ -284,4 +277,19 @@ def markdown(choice: SpeedChoice) -> str:
         test = "–" if c.test_tokens_per_s is None else f"{c.test_tokens_per_s:.0f} ({c.test_ar_tokens_per_s:.0f})"
         lines.append(f"| {c.batch} | {ch.mode} {ch.point or ''} | {ch.tokens_per_forward:.2f} | "
                      f"{x(ch.predicted_speedup)} | {x(ch.speedup)} | {test} | {x(c.test_speedup)} |")
+    return "\n".join(lines)
+
+
+def candidates_markdown(choice: SpeedChoice) -> str:
+    """Every timed candidate per batch size: its tokens per forward, predicted and measured (validation)
+    speed-up over AR; the chosen one marked."""
+    lines = ["| batch | candidate | tokens / forward | predicted vs AR | tokens / s on validation | validation vs AR |",
+             "|---|---|---|---|---|---|"]
+    for c in choice.choices:
+        for x in c.candidates:
+            if x.tokens_per_s is None:
+                continue
+            mark = " **(chosen)**" if x == c.chosen else ""
+            lines.append(f"| {c.batch} | {x.mode} {x.point or ''}{mark} | {x.tokens_per_forward:.2f} | "
+                         f"{x.predicted_speedup:.2f}× | {x.tokens_per_s:.0f} | {x.speedup:.2f}× |")
     return "\n".join(lines)

@@ -33,7 +33,6 @@ from ..eval.evaluate import MODE_LABELS, SPEC_MODES, EvalConfig
 from ..eval.frontier import FrontierConfig
 from ..eval.results import ModeResult, Prediction
 from ..inference import Inference, load_for_inference
-from .. import lora as lora_lib
 from ..train import draft_model as draft_model_run
 from ..train import drafter as drafter_run
 from ..train.config import RunConfig
@@ -178,9 +177,7 @@ def train_drafter(drafter: DrafterRun, trainer: RunConfig, base: Inference, trai
     out = os.path.join(workdir, "drafter")
     _completed(drafter_run.train_drafter(drafter_config(drafter, trainer, base, train_file), base.ckpt, out,
                                          force=force), "drafter training")
-    adapter, lora = lora_lib.load(os.path.join(out, "adapter"), verify=trainer.train.verify_checkpoints)
-    lora_lib.check_lora(adapter, base.config, lora)
-    return dataclasses.replace(base, adapter=adapter, lora=lora)
+    return base.with_adapter(os.path.join(out, "adapter"), verify=trainer.train.verify_checkpoints)
 
 
 def draft_model_config(draft_model: DraftModelRun, trainer: RunConfig, base: Inference,
