@@ -3,6 +3,7 @@
     python -m experiments.speed runs/quickstart                      # batch sizes of the run's speed section
     python -m experiments.speed runs/quickstart_ar --set batches=[1,8,64] --set confirm=8
     python -m experiments.speed runs/quickstart --out speed-h200.json
+    python -m experiments.speed runs/quickstart --points chosen   # the frontier's chosen point per mode only
     python -m experiments.generate --ckpt runs/quickstart/train/final --lora runs/quickstart/drafter/adapter \\
         --mode auto --speed runs/quickstart/eval/speed-gpu.json --prompt "…"
 
@@ -15,6 +16,11 @@ no accuracy is measured again; the lossless modes decode AR's tokens, so the cho
 
 `--set FIELD=VALUE` sets a field of the `speed` section (default: the experiment's own; list below),
 e.g. `batches=[1,8,64]`, `confirm=8` (how many predicted-fastest points race AR), `examples`, `repeats`.
+Every (batch, window) of the pass-cost curve and every timed candidate at every batch size is a program
+to compile: seconds each on a CPU, 4–17 s each for the quickstart's model on an H200, so the default
+(every lossless frontier point priced, 3 per batch size timed) compiles dozens of programs.
+`--points chosen` takes only the point the frontier chose for each lossless mode (AR, spec-self,
+spec-lora, the fused modes: each timed). Compiles and timed decodes are shown on stderr.
 The choice is written to `--out` (default `WORKDIR/eval/speed-<platform>.json`, e.g. speed-gpu.json;
 written whole, atomically), the format `experiments.generate --mode auto --speed` reads; the choice per
 batch size and every timed candidate are printed as Markdown tables. `--ckpt`: the checkpoint's
@@ -30,7 +36,7 @@ import jax
 
 from zarya_jax import overrides
 from zarya_jax.eval import speed as speed_lib
-from zarya_jax.experiment.calibrate import calibrate, read_report
+from zarya_jax.experiment.calibrate import POINTS, calibrate, read_report
 from zarya_jax.experiment.config import ExperimentConfig
 from zarya_jax.files import check_writable_file
 
@@ -45,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_set_flag(p, "batches=[1,8,64]")
     p.add_argument("--out", default=None, help="where the choice is written (default WORKDIR/eval/speed-<platform>.json)")
     p.add_argument("--ckpt", default=None, help="the checkpoint's directory, when the workdir no longer records it")
+    p.add_argument("--points", choices=POINTS, default="frontier",
+                   help="frontier: every lossless frontier point is a candidate, the confirm predicted fastest timed; "
+                   "chosen: the frontier's chosen point per mode, every one timed (fewer programs to compile)")
+    p.add_argument("--no-progress", action="store_true", help="no compile and decode progress on stderr")
     p.add_argument("--no-verify", action="store_true", help="read the checkpoint and adapter without their checksums")
     return p
 
@@ -60,7 +70,8 @@ def _run(args) -> int:
     sc = overrides.apply(base, cli.set_overrides(args))
     out = args.out or os.path.join(args.workdir, "eval", f"speed-{jax.devices()[0].platform}.json")
     check_writable_file(out, "--out")
-    choice = calibrate(args.workdir, sc, ckpt=args.ckpt, verify=not args.no_verify)
+    choice = calibrate(args.workdir, sc, points=args.points, ckpt=args.ckpt, verify=not args.no_verify,
+                       progress=not args.no_progress)
     choice.save(out)
     print(f"# {choice.device}: the fastest lossless configuration per batch size (test, side by side with AR)")
     print(speed_lib.markdown(choice))

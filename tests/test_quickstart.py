@@ -273,6 +273,14 @@ def test_choice_for_time_again_on_this_device(smoke_run, tmp_path, capsys):
     front = {(p["mode"], p["point"]): p["tokens_per_forward"] for p in report["frontier"]["points"]}
     assert all(front[x.mode, x.point] == x.tokens_per_forward for x in c.candidates)
     assert printed.count("**(chosen)**") == 1 and f"wrote {moved}/eval/speed-cpu.json" in printed
+    # --points chosen: the frontier's chosen point of each lossless mode, every one timed
+    out = str(tmp_path / "chosen.json")
+    assert speed_cli.main([str(moved), "--points", "chosen", "--set", "batches=[1]", "--set", "repeats=1",
+                           "--set", "examples=2", "--out", out, "--no-progress"]) == 0
+    c = SpeedChoice.load(out).choices[0]
+    lossless = {"ar", "spec-self", "spec-lora", "spec-self-fused", "spec-lora-fused"}
+    chosen = {(m, p["point"]) for m, p in report["frontier"]["chosen"].items() if m in lossless}
+    assert {(x.mode, x.point) for x in c.candidates} == chosen and all(x.tokens_per_s for x in c.candidates)
     # bad input: one error line, nothing written
     assert speed_cli.main([str(tmp_path / "nowhere")]) == 2
     assert "report.json: cannot read it" in capsys.readouterr().err

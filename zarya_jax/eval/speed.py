@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 
 import jax
 import numpy as np
@@ -207,20 +208,31 @@ def predict(points: list[FrontierPoint], costs: list[dict], batch: int, max_new_
 
 
 def curve(model: Inference, points: list[FrontierPoint], prompts: list[list[int]], sc: SpeedConfig,
-          max_new_tokens: int) -> list[dict]:
+          max_new_tokens: int, progress: bool = False) -> list[dict]:
     """The pass-cost curve at the calibrated batch sizes and the windows of the candidates' cycles, the cache
-    holding a typical context (the mean prompt plus half the budget)."""
+    holding a typical context (the mean prompt plus half the budget). progress: a line on stderr per
+    (batch, window), each a compiled program."""
     windows = sorted({1} | {w for _, ws in costed(points, max_new_tokens) for w in ws})
     context = int(np.mean([len(p) for p in prompts])) + max_new_tokens // 2
-    return passes.pass_costs(model.params, model.config, sc.batches, windows, context, sc.repeats)
+    if progress:
+        print(f"pass-cost curve on {device_name()}: {len(sc.batches)} batch sizes × {len(windows)} windows",
+              file=sys.stderr, flush=True)
+
+    def said(row):
+        print(f"  batch {row['batch']}, window {row['window']}: {row['ms_per_pass']:.3f} ms per pass",
+              file=sys.stderr, flush=True)
+
+    return passes.pass_costs(model.params, model.config, sc.batches, windows, context, sc.repeats,
+                             on_row=said if progress else None)
 
 
 def race(model: Inference, prompts: list[list[int]], cands: list[Candidate], max_new_tokens: int, batch: int,
-         repeats: int, seed: int = 0) -> list[float]:
+         repeats: int, seed: int = 0, progress: str = "") -> list[float]:
     """Each candidate's best tokens/s over `repeats` rounds of decoding `prompts` at `batch`, taking turns
-    (`evaluate.race`)."""
+    (`evaluate.race`; `progress`: its label)."""
     gens = [(c.mode, generation_config(c.mode, max_new_tokens, {c.mode: c.knobs})) for c in cands]
-    return [d.tokens_per_s for d in evaluate_lib.race(model, prompts, gens, batch, repeats, jax.random.PRNGKey(seed))]
+    return [d.tokens_per_s for d in evaluate_lib.race(model, prompts, gens, batch, repeats, jax.random.PRNGKey(seed),
+                                                      progress)]
 
 
 def timed_prompts(prompts: list[list[int]], batch: int, examples: int) -> list[list[int]]:
@@ -231,35 +243,37 @@ def timed_prompts(prompts: list[list[int]], batch: int, examples: int) -> list[l
 
 
 def choose(model: Inference, points: list[FrontierPoint], val_records: list[dict], ev: EvalConfig,
-           sc: SpeedConfig) -> SpeedChoice:
+           sc: SpeedConfig, progress: bool = False) -> SpeedChoice:
     """Per batch size of `sc`, the fastest lossless configuration among AR and the frontier's lossless
     `points` (module doc): predicted from the pass-cost curve, AR and the `sc.confirm` best predicted
-    timed on validation, the fastest measured chosen."""
+    timed on validation, the fastest measured chosen. progress: each program's compile and each timed
+    decode on stderr (on an accelerator a program can take seconds to compile)."""
     prompts = render_records(val_records, model.tokenizer, model.prompt_format, ev.answer, ev.answer_regex or None)[1]
     if not any(p.mode == "ar" for p in points):
         raise ConfigError("speed: choosing for time compares against AR: add 'ar' to eval.modes")
-    costs = curve(model, points, prompts, sc, ev.max_new_tokens)
+    costs = curve(model, points, prompts, sc, ev.max_new_tokens, progress)
     choices = []
     for b in sc.batches:
         cands = predict(points, costs, b, ev.max_new_tokens)
         n = 1 + sc.confirm
-        tps = race(model, timed_prompts(prompts, b, sc.examples), cands[:n], ev.max_new_tokens, b, sc.repeats, ev.seed)
+        tps = race(model, timed_prompts(prompts, b, sc.examples), cands[:n], ev.max_new_tokens, b, sc.repeats, ev.seed,
+                   f"at batch {b} (validation)" if progress else "")
         ranked = [dataclasses.replace(c, tokens_per_s=t, ar_tokens_per_s=tps[0]) for c, t in zip(cands, tps)] + cands[n:]
         choices.append(BatchChoice(batch=b, chosen=max(ranked[:n], key=lambda c: c.tokens_per_s), candidates=ranked))
     return SpeedChoice(device=device_name(), costs=costs, choices=choices, max_new_tokens=ev.max_new_tokens)
 
 
 def time_on_test(model: Inference, choice: SpeedChoice, records: list[dict], ev: EvalConfig,
-                 sc: SpeedConfig) -> SpeedChoice:
+                 sc: SpeedConfig, progress: bool = False) -> SpeedChoice:
     """Each batch size's chosen configuration and AR timed on the test prompts at that batch, taking turns
-    (`race`), best of `sc.repeats` each."""
+    (`race`), best of `sc.repeats` each (progress: as `choose`'s)."""
     prompts = render_records(records, model.tokenizer, model.prompt_format, ev.answer, ev.answer_regex or None)[1]
     out = []
     for c in choice.choices:
         ar = next(x for x in c.candidates if x.mode == "ar")
         pair = [ar] if c.chosen.mode == "ar" else [ar, c.chosen]
         tps = race(model, timed_prompts(prompts, c.batch, sc.examples), pair, ev.max_new_tokens, c.batch,
-                   sc.repeats, ev.seed)
+                   sc.repeats, ev.seed, f"at batch {c.batch} (test)" if progress else "")
         out.append(dataclasses.replace(c, test_tokens_per_s=tps[-1], test_ar_tokens_per_s=tps[0]))
     return dataclasses.replace(choice, choices=out)
 

@@ -11,6 +11,7 @@ choice races AR on test (`speed.choose`, `speed.time_on_test`).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -62,19 +63,31 @@ def model_of(workdir: str, config: ExperimentConfig, ckpt: str, verify: bool = T
     return model
 
 
-def calibrate(workdir: str, speed: speed_lib.SpeedConfig | None = None, *, ckpt: str | None = None,
-              verify: bool = True) -> speed_lib.SpeedChoice:
+POINTS = ("frontier", "chosen")
+
+
+def calibrate(workdir: str, speed: speed_lib.SpeedConfig | None = None, *, points: str = "frontier",
+              ckpt: str | None = None, verify: bool = True, progress: bool = False) -> speed_lib.SpeedChoice:
     """Per batch size of `speed` (default: the experiment's `speed` section), the fastest lossless
     configuration on this device among AR and the workdir's lossless frontier points, timed against AR
-    on test (module doc). `ckpt`: the checkpoint's directory when the workdir no longer records it."""
+    on test (module doc). points: "frontier" (every lossless point of the validation frontier, the
+    `speed.confirm` predicted fastest timed) or "chosen" (the point the frontier chose per mode, every one
+    timed: a handful of programs to compile, where a device compiles slowly). `ckpt`: the checkpoint's
+    directory when the workdir no longer records it. progress: compiles and timed decodes on stderr."""
+    if points not in POINTS:
+        raise ValueError(f"points={points!r}: expected one of {POINTS}")
     report = read_report(workdir)
     if report.frontier is None:
         raise ValueError(f"{workdir}/report.json has no validation frontier (frontier.enabled=false): there are "
                          "no points to choose among")
     config = overrides.build(ExperimentConfig, report.config)
+    sc = speed or config.speed
+    candidates = report.frontier.points
+    if points == "chosen":
+        candidates = list(report.frontier.chosen.values())
+        sc = dataclasses.replace(sc, confirm=max(sc.confirm, len(candidates)))
     model = model_of(workdir, config, checkpoint_of(workdir, report, ckpt), verify)
     splits = stages.prepare_data(config.task, workdir, fmt=PromptFormat.of(config.trainer.data), need_val=True)
     val, test = (tasks.read_jsonl(path, model.prompt_format) for path in (splits.val, splits.test))
-    sc = speed or config.speed
-    return speed_lib.time_on_test(model, speed_lib.choose(model, report.frontier.points, val, config.eval, sc),
-                                  test, config.eval, sc)
+    choice = speed_lib.choose(model, candidates, val, config.eval, sc, progress)
+    return speed_lib.time_on_test(model, choice, test, config.eval, sc, progress)

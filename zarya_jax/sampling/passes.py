@@ -80,13 +80,15 @@ def cycle_windows(gcfg: GenerationConfig) -> tuple[int, ...] | None:
     return None
 
 
-def pass_costs(params, config, batches, windows, context: int, repeats: int, passes: int = 8) -> list[dict]:
+def pass_costs(params, config, batches, windows, context: int, repeats: int, passes: int = 8,
+               on_row=None) -> list[dict]:
     """The pass-cost curve: ms per cached pass of W rows at batch b, for each (batch, window), against a cache
     of `context` committed rows. Passes run in one compiled loop (`_repeated_pass`: each reads the cache and
     commits its window, as a decode loop's pass does), timed at 1 and at 1 + `passes` passes: the slope is
     a pass without the call's dispatch and transfers. Each time is the best of `repeats` calls after the
     compile (on a shared machine the minimum is the least disturbed). Rows: {batch, window, ms_per_pass,
-    vs_window_1 (the ratio to the batch's first window), ms_per_token_row}."""
+    vs_window_1 (the ratio to the batch's first window), ms_per_token_row}; `on_row(row)` is told each
+    one as it is measured (one compiled program each)."""
     out = []
     for b in batches:
         base = None
@@ -108,6 +110,8 @@ def pass_costs(params, config, batches, windows, context: int, repeats: int, pas
             base = base or ms
             out.append({"batch": b, "window": w, "ms_per_pass": ms, "vs_window_1": ms / base,
                         "ms_per_token_row": ms / w})
+            if on_row:
+                on_row(out[-1])
     return out
 
 
