@@ -1,7 +1,6 @@
 """Knobs chosen for time (`zarya_jax.eval.speed`): the prediction from the pass-cost curve, the nearest
 calibrated batch, the saved table; and the curve itself against a plain timing of the same passes."""
 import json
-import time
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +11,7 @@ from zarya_jax.eval.speed import BatchChoice, Candidate, SpeedChoice, SpeedConfi
 from zarya_jax.config import ConfigError
 from zarya_jax.sampling import GenerationConfig, passes
 from zarya_jax.sampling.modes import mode
+from zarya_jax.timing import once_s
 
 
 def point(name, tpf, **knobs):
@@ -95,12 +95,6 @@ def test_pass_cost_curve_matches_a_plain_timing(tiny_config, tiny_params):
     pos = 16 + jnp.broadcast_to(jnp.arange(64, dtype=jnp.int32), (2, 64))
     step = jax.jit(lambda c: passes.cached_pass(params, c, tokens, pos, config=config)[0])
     jax.block_until_ready(step(cache))
-    best = min(_timed(step, cache) for _ in range(5))
+    best = min(once_s(lambda: step(cache)) for _ in range(5))
     assert 0.05 < rows[1]["ms_per_pass"] / (1e3 * best) < 20
     assert rows[1]["ms_per_pass"] > 0.5 * rows[0]["ms_per_pass"]
-
-
-def _timed(f, x):
-    t0 = time.perf_counter()
-    jax.block_until_ready(f(x))
-    return time.perf_counter() - t0

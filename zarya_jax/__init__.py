@@ -15,7 +15,8 @@ consistency distillation `dcd`, a draft model's `distill`) → `model` (the Qwen
 parameter created with its logical axes), `checkpoint` (Orbax model checkpoints), `lora` (gated-LoRA
 adapters and their noise convention) and `data` (tokenizers, records, batches) → `nn` (the network's
 parts: attention kernels, masks, the KV cache, partitioning, the HF ⇄ JAX tensor map,
-checksums) → `config` (the frozen configs), `overrides` (dotted `--set` overrides), `files` (atomic writes, output-path guards), `lock` (one run per workdir). `target`
+checksums) → `config` (the frozen configs), `overrides` (dotted `--set` overrides), `files` (atomic writes, output-path guards), `lock` (one run per workdir), `timing` (wall-clock timing of
+compiled programs: one call, a loop's slope). `target`
 names the devices a program is compiled for (TPU topologies, GPUs, this host); `provenance` records
 where a reported number comes from (commit, versions, machine); `testing` holds the fixtures the tests
 and benchmarks share.

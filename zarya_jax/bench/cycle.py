@@ -43,6 +43,7 @@ from ..nn import kv_cache
 from ..sampling import GenerationConfig, ar, decoding, generate, spec
 from ..sampling.modes import mode as mode_of
 from ..sampling.prompts import pad_prompts
+from ..timing import once_s, slope_ms
 from .results import markdown_table
 from .train import model_config
 
@@ -154,29 +155,6 @@ def load(s: CycleSettings) -> Subject:
 
 
 # --------------------------------------------------------------------------- timing
-def once_s(call: Callable[[], Any]) -> float:
-    """Seconds of one call of `call` (compiled before), waited for."""
-    t0 = time.perf_counter()
-    jax.block_until_ready(call())
-    return time.perf_counter() - t0
-
-
-def slope_ms(run: Callable[[int], Any], steps: Callable[[Any, int], int], lo: int, hi: int,
-             repeats: int) -> tuple[float, int, Any]:
-    """(ms per step, steps of the long run, its output) of a compiled loop `run(budget)` timed at budgets `lo`
-    and `hi`: Δ best time ÷ Δ steps it ran (`steps(output, budget)`), so what every call pays once (prefill,
-    dispatch, the arguments' handling) cancels."""
-    out_hi = run(hi)  # these two calls compile, and say how many steps each budget runs
-    n_lo, n_hi = steps(run(lo), lo), steps(out_hi, hi)
-    if n_hi <= n_lo:
-        raise ValueError(f"the loop ran {n_hi} steps at budget {hi} and {n_lo} at {lo}: raise --new-tokens")
-    best = {lo: np.inf, hi: np.inf}
-    for _ in range(repeats):  # interleaved, so both budgets see the same machine load
-        for budget in best:
-            best[budget] = min(best[budget], once_s(lambda: run(budget)))  # noqa: B023 (called here)
-    return 1e3 * (best[hi] - best[lo]) / (n_hi - n_lo), n_hi, out_hi
-
-
 def touch(x: jax.Array, flag: jax.Array) -> jax.Array:
     """`x` with its first element rewritten unless `flag` (never true when run): the same values, but a new
     value to the compiler, so a loop cannot hoist what is computed from it (one element: costs nothing)."""

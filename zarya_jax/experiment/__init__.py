@@ -11,8 +11,9 @@ Modules: `config` (ExperimentConfig and its composed sections: DrafterRun, Draft
 defaults, the smoke size), `stages` (the stages, each a function of its own sections), `results`
 (Frontier, Target, TrainSummary, Report; ModeResult, FrontierPoint and Prediction are
 `zarya_jax.eval.results`'), `run` (run, current_report), `report` (the Markdown and PNG writers), `sweep`
-(the sweep engine), `plots`. The command lines are `python -m experiments.quickstart` and
-`python -m experiments.sweep`; docs/experiments.md is the manual.
+(the sweep engine), `calibrate` (a finished workdir's knobs chosen for time again on the device in use),
+`plots`. The command lines are `python -m experiments.quickstart`, `python -m experiments.sweep` and
+`python -m experiments.speed`; docs/experiments.md is the manual.
 """
 from .config import (DEFAULT_MODES, SMOKE, UNO_DEFAULTS, UNO_MODES, DraftModelRun, DrafterRun, ExperimentConfig,
                      GoalsSection, TaskSection, comparable, default_config)

@@ -23,13 +23,12 @@ holds one cache, not two.
 from __future__ import annotations
 
 import functools
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 
 from ..nn import kv_cache
+from ..timing import slope_ms
 from .. import model as model_lib
 from . import ar, fused, mdm, slotted, spec, spec_model
 from .config import GenerationConfig
@@ -84,9 +83,9 @@ def pass_costs(params, config, batches, windows, context: int, repeats: int, pas
                on_row=None) -> list[dict]:
     """The pass-cost curve: ms per cached pass of W rows at batch b, for each (batch, window), against a cache
     of `context` committed rows. Passes run in one compiled loop (`_repeated_pass`: each reads the cache and
-    commits its window, as a decode loop's pass does), timed at 1 and at 1 + `passes` passes: the slope is
-    a pass without the call's dispatch and transfers. Each time is the best of `repeats` calls after the
-    compile (on a shared machine the minimum is the least disturbed). Rows: {batch, window, ms_per_pass,
+    commits its window, as a decode loop's pass does), timed at 1 and at 1 + `passes` passes
+    (`timing.slope_ms`, best of `repeats` each): the slope is a pass without the call's dispatch and
+    transfers. Rows: {batch, window, ms_per_pass,
     vs_window_1 (the ratio to the batch's first window), ms_per_token_row}; `on_row(row)` is told each
     one as it is measured (one compiled program each)."""
     out = []
@@ -97,16 +96,8 @@ def pass_costs(params, config, batches, windows, context: int, repeats: int, pas
             cache = dict(cache, length=jnp.full((b,), context, jnp.int32))
             tokens = jnp.zeros((b, w), jnp.int32)
 
-            def best(n):
-                times = []
-                for _ in range(repeats):
-                    t0 = time.perf_counter()
-                    jax.block_until_ready(_repeated_pass(params, cache, tokens, jnp.int32(n), config=config))
-                    times.append(time.perf_counter() - t0)
-                return min(times)
-
-            _repeated_pass(params, cache, tokens, jnp.int32(1), config=config)  # compiles
-            ms = max(1e3 * (best(1 + passes) - best(1)) / passes, 1e-6)
+            run = lambda n: _repeated_pass(params, cache, tokens, jnp.int32(n), config=config)  # noqa: E731
+            ms = max(slope_ms(run, lambda _, n: n, 1, 1 + passes, repeats)[0], 1e-6)
             base = base or ms
             out.append({"batch": b, "window": w, "ms_per_pass": ms, "vs_window_1": ms / base,
                         "ms_per_token_row": ms / w})
