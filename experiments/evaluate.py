@@ -19,7 +19,8 @@ of that mode (its dataclass in `zarya_jax.sampling`, e.g. `slotted.token_thresho
 sampling field for it (`spec-self.temperature=0.7`); `--knob '*.FIELD=VALUE'` sets a shared field for
 every mode (YAML values, typed from the field; a field the mode does not have is an error that names
 its fields). Per mode it reports exact-match accuracy, wall-clock generated tokens/s
-(compile time excluded and reported apart, in the table too), tokens per forward pass and the speed-up
+(the modes take turns `eval.repeats` times, 2 by default, and each one's best counts; compile time excluded and
+reported apart, in the table too), tokens per forward pass and the speed-up
 over `ar`; it writes `summary.json` (with the arguments, the evaluation's settings and their id, and the
 code's provenance: commit, dirty tree, package versions), `summary.md` and `predictions.jsonl` (one line
 per example and mode) to `--out`.

@@ -1,6 +1,7 @@
 """The quickstart end to end in its --smoke setting: real training, a real Orbax checkpoint, every
 decoding mode, report files with real numbers. The AR outputs are checked against an independent
 greedy decode with full (uncached) forwards, and lossless self-speculation against AR."""
+import dataclasses
 import json
 import math
 import os
@@ -290,3 +291,26 @@ def test_choice_for_time_again_on_this_device(smoke_run, tmp_path, capsys):
     json.dump(doc, open(moved / "report.json", "w"))
     assert speed_cli.main([str(moved), "--out", str(tmp_path / "x.json")]) == 2
     assert "no validation frontier" in capsys.readouterr().err and not os.path.exists(tmp_path / "x.json")
+
+
+def test_modes_take_turns_when_timed(smoke_run, capsys):
+    """`evaluate` times the modes taking turns, `eval.repeats` rounds at the evaluation batch and at batch 1
+    (the best of each counting), and every round decodes the same outputs as a single decode."""
+    import re
+
+    from zarya_jax.eval.evaluate import EvalConfig, evaluate
+    from zarya_jax.inference import load_for_inference
+
+    workdir, _, _ = smoke_run
+    model = load_for_inference(os.path.join(workdir, "train", "final"))
+    records = tasks.read_jsonl(os.path.join(workdir, "data", "test.jsonl"), model.prompt_format)[:4]
+    ev = EvalConfig(modes=("ar", "spec-self"), max_new_tokens=8, batch_size=2, repeats=3, batch1_examples=2)
+    capsys.readouterr()
+    results, predictions = evaluate(model, records, ev, progress=True)
+    bars = re.findall(r"eval ((?:ar|spec-self)(?: at batch 1)?):", capsys.readouterr().err)
+    turns = [b for i, b in enumerate(bars) if i == 0 or b != bars[i - 1]]  # one entry per decode
+    assert turns == ["ar", "spec-self"] * 3 + ["ar at batch 1", "spec-self at batch 1"] * 3
+    once, once_predictions = evaluate(model, records, dataclasses.replace(ev, repeats=1), progress=False)
+    assert [p.output_ids for p in predictions] == [p.output_ids for p in once_predictions]
+    assert all(r.tokens_per_s > 0 and r.tokens_per_s_batch1 > 0 and r.batch1_examples == 2 for r in results)
+    assert [r.tokens_per_forward for r in results] == [r.tokens_per_forward for r in once]

@@ -91,8 +91,8 @@ def mode_knobs(knobs: dict[str, dict]) -> "ModeKnobs":
 class EvalConfig:
     """An evaluation: modes, decoding budget and batch, records (`limit`: first N, 0 = all), answer
     extraction, seed, per-mode knobs, `ckpt` (a checkpoint to evaluate instead of training one),
-    `batch1_examples` (also time the first N records at batch 1; 0 = off) and `batch1_repeats` (the
-    modes take turns at batch 1 this many times, the best of each counting: `race`). Everything, each
+    `batch1_examples` (also time the first N records at batch 1; 0 = off) and `repeats` (the modes take
+    turns this many times at each batch size timed, the best of each counting: `race`). Everything, each
     mode's knobs included, is checked when the config is built, so a bad value fails before any training."""
 
     modes: tuple[str, ...] = ("ar", "mdm", "slotted", "spec-self")
@@ -105,14 +105,14 @@ class EvalConfig:
     ckpt: str = ""
     knobs: ModeKnobs = ModeKnobs()
     batch1_examples: int = 0
-    batch1_repeats: int = 2
+    repeats: int = 2
 
     def __post_init__(self):
         parse_modes(",".join(self.modes))
         if self.batch1_examples < 0:
             raise ConfigError(f"eval.batch1_examples={self.batch1_examples}: expected ≥ 0")
-        if self.batch1_repeats < 1:
-            raise ConfigError(f"eval.batch1_repeats={self.batch1_repeats}: expected ≥ 1")
+        if self.repeats < 1:
+            raise ConfigError(f"eval.repeats={self.repeats}: expected ≥ 1")
         if self.answer not in answers.METHODS:
             raise ConfigError(f"eval.answer={self.answer!r}: expected one of {answers.METHODS}")
         for name in ("batch_size", "max_new_tokens"):
@@ -364,17 +364,18 @@ def decode(model: Inference, mode: str, prompts: list[list[int]], gen: Generatio
 
 
 def race(model: Inference, prompts: list[list[int]], gens: list[tuple[str, GenerationConfig]], batch: int,
-         repeats: int, key, progress: str = "") -> list[Decoded]:
+         repeats: int, key, label: str | None = None, warmup: bool = True) -> list[Decoded]:
     """Each (mode, config)'s fastest decode of `prompts` at `batch` over `repeats` rounds, the configurations
     taking turns within a round, so that all of them see the same machine whatever else it runs (one
-    timed decode each, one after the other, favours whichever ran when the machine was quietest). The
-    first round compiles each program in an untimed decode first; its `compile_s` is the one kept.
-    progress: a label for a bar per decode ("at batch 1" -> "ar at batch 1"), none when empty."""
+    timed decode each, one after the other, favours whichever ran when the machine was quietest). Every
+    round decodes the same outputs (the same key). With `warmup` the first round compiles each program
+    in an untimed decode first; its `compile_s` is the one kept. label: a progress bar per decode, named
+    after the mode and the label ("at batch 1" -> "ar at batch 1"); None: no bars."""
     best: list[Decoded | None] = [None] * len(gens)
     for r in range(repeats):
         for i, (mode, gen) in enumerate(gens):
-            out = decode(model, mode, prompts, gen, key, batch, label=f"{mode} {progress}" if progress else "",
-                         warmup=r == 0)
+            out = decode(model, mode, prompts, gen, key, batch,
+                         label="" if label is None else f"{mode} {label}".strip(), warmup=warmup and r == 0)
             if best[i] is None:
                 best[i] = out
             elif out.tokens_per_s > best[i].tokens_per_s:
@@ -407,6 +408,7 @@ def evaluate(model: Inference, records: list[dict], ev: EvalConfig, *, knobs: di
     one `Prediction` per mode and example.
     knobs: {mode or "*": {field: value}} (default `ev.knobs`), e.g. those a frontier chose; each result
     carries the knobs it decoded with.
+    The modes take turns `ev.repeats` times and each one's best tokens/s counts (`race`).
     warmup=False skips the untimed compile run (for programs already compiled). `ev.batch1_examples` > 0
     also decodes the first N records one at a time and reports `tokens_per_s_batch1` (and the speed-up
     over AR at batch 1): on an accelerator decoding is memory-bound and a pass costs about the same
@@ -433,9 +435,10 @@ def evaluate(model: Inference, records: list[dict], ev: EvalConfig, *, knobs: di
             raise ValueError(f"mode {mode}: {e}") from None
     summary, predictions = [], []
     key = jax.random.PRNGKey(ev.seed)
-    for mode in ev.modes:
+    decoded = race(model, prompts, [(m, gens[m]) for m in ev.modes], ev.batch_size, ev.repeats, key,
+                   "" if progress else None, warmup)
+    for mode, res in zip(ev.modes, decoded):
         gen = gens[mode]
-        res = decode(model, mode, prompts, gen, key, ev.batch_size, label=mode if progress else "", warmup=warmup)
         rows = []
         for i, text in enumerate(res.texts):
             pred = answers.extract(text, method, pattern)
@@ -458,7 +461,7 @@ def evaluate(model: Inference, records: list[dict], ev: EvalConfig, *, knobs: di
         timed = prompts[:ev.batch1_examples]
         width = max(len(p) for p in timed)
         ones = race(model, timed, [(m, gens[m].replace(prompt_bucket=bucket_length(width, gens[m].prompt_bucket)))
-                                   for m in ev.modes], 1, ev.batch1_repeats, key, "at batch 1" if progress else "")
+                                   for m in ev.modes], 1, ev.repeats, key, "at batch 1" if progress else None)
         summary = [dataclasses.replace(r, tokens_per_s_batch1=one.tokens_per_s, batch1_examples=len(one.lengths),
                                        compile_s_batch1=one.compile_s) for r, one in zip(summary, ones)]
     return _with_speedups(summary), predictions

@@ -237,7 +237,8 @@ def sweep(model: Inference, records, points, ev: EvalConfig, progress=None) -> l
     out, compiled = [], set()
     for i, (mode, knobs) in enumerate(points):
         key = (mode, static_key(generation_config(mode, ev.max_new_tokens, {mode: knobs})))
-        one = dataclasses.replace(ev, modes=(mode,), batch1_examples=0, limit=0)  # `limit` is the test split's
+        # one mode, timed once: `limit` is the test split's, and nothing takes turns with a lone mode
+        one = dataclasses.replace(ev, modes=(mode,), batch1_examples=0, limit=0, repeats=1)
         (r,), predictions = evaluate(model, records, one, knobs={mode: knobs}, progress=False,
                                      warmup=key not in compiled)
         compiled.add(key)

@@ -232,7 +232,7 @@ def race(model: Inference, prompts: list[list[int]], cands: list[Candidate], max
     (`evaluate.race`; `progress`: its label)."""
     gens = [(c.mode, generation_config(c.mode, max_new_tokens, {c.mode: c.knobs})) for c in cands]
     return [d.tokens_per_s for d in evaluate_lib.race(model, prompts, gens, batch, repeats, jax.random.PRNGKey(seed),
-                                                      progress)]
+                                                      progress or None)]
 
 
 def timed_prompts(prompts: list[list[int]], batch: int, examples: int) -> list[list[int]]:
