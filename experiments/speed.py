@@ -71,7 +71,7 @@ def _run(args) -> int:
     out = args.out or os.path.join(args.workdir, "eval", f"speed-{jax.devices()[0].platform}.json")
     check_writable_file(out, "--out")
     choice = calibrate(args.workdir, sc, points=args.points, ckpt=args.ckpt, verify=not args.no_verify,
-                       progress=not args.no_progress)
+                       progress=not args.no_progress, report=report)
     choice.save(out)
     print(f"# {choice.device}: the fastest lossless configuration per batch size (test, side by side with AR)")
     print(speed_lib.markdown(choice))

@@ -227,12 +227,12 @@ def curve(model: Inference, points: list[FrontierPoint], prompts: list[list[int]
 
 
 def race(model: Inference, prompts: list[list[int]], cands: list[Candidate], max_new_tokens: int, batch: int,
-         repeats: int, seed: int = 0, progress: str = "") -> list[float]:
+         repeats: int, seed: int = 0, label: str | None = None) -> list[float]:
     """Each candidate's best tokens/s over `repeats` rounds of decoding `prompts` at `batch`, taking turns
-    (`evaluate.race`; `progress`: its label)."""
+    (`evaluate.race`, whose progress `label` it is: None, no progress)."""
     gens = [(c.mode, generation_config(c.mode, max_new_tokens, {c.mode: c.knobs})) for c in cands]
     return [d.tokens_per_s for d in evaluate_lib.race(model, prompts, gens, batch, repeats, jax.random.PRNGKey(seed),
-                                                      progress or None)]
+                                                      label)]
 
 
 def timed_prompts(prompts: list[list[int]], batch: int, examples: int) -> list[list[int]]:
@@ -257,7 +257,7 @@ def choose(model: Inference, points: list[FrontierPoint], val_records: list[dict
         cands = predict(points, costs, b, ev.max_new_tokens)
         n = 1 + sc.confirm
         tps = race(model, timed_prompts(prompts, b, sc.examples), cands[:n], ev.max_new_tokens, b, sc.repeats, ev.seed,
-                   f"at batch {b} (validation)" if progress else "")
+                   f"at batch {b} (validation)" if progress else None)
         ranked = [dataclasses.replace(c, tokens_per_s=t, ar_tokens_per_s=tps[0]) for c, t in zip(cands, tps)] + cands[n:]
         choices.append(BatchChoice(batch=b, chosen=max(ranked[:n], key=lambda c: c.tokens_per_s), candidates=ranked))
     return SpeedChoice(device=device_name(), costs=costs, choices=choices, max_new_tokens=ev.max_new_tokens)
@@ -273,7 +273,7 @@ def time_on_test(model: Inference, choice: SpeedChoice, records: list[dict], ev:
         ar = next(x for x in c.candidates if x.mode == "ar")
         pair = [ar] if c.chosen.mode == "ar" else [ar, c.chosen]
         tps = race(model, timed_prompts(prompts, c.batch, sc.examples), pair, ev.max_new_tokens, c.batch,
-                   sc.repeats, ev.seed, f"at batch {c.batch} (test)" if progress else "")
+                   sc.repeats, ev.seed, f"at batch {c.batch} (test)" if progress else None)
         out.append(dataclasses.replace(c, test_tokens_per_s=tps[-1], test_ar_tokens_per_s=tps[0]))
     return dataclasses.replace(choice, choices=out)
 

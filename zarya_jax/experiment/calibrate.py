@@ -67,16 +67,18 @@ POINTS = ("frontier", "chosen")
 
 
 def calibrate(workdir: str, speed: speed_lib.SpeedConfig | None = None, *, points: str = "frontier",
-              ckpt: str | None = None, verify: bool = True, progress: bool = False) -> speed_lib.SpeedChoice:
+              ckpt: str | None = None, verify: bool = True, progress: bool = False,
+              report: Report | None = None) -> speed_lib.SpeedChoice:
     """Per batch size of `speed` (default: the experiment's `speed` section), the fastest lossless
     configuration on this device among AR and the workdir's lossless frontier points, timed against AR
     on test (module doc). points: "frontier" (every lossless point of the validation frontier, the
     `speed.confirm` predicted fastest timed) or "chosen" (the point the frontier chose per mode, every one
     timed: a handful of programs to compile, where a device compiles slowly). `ckpt`: the checkpoint's
-    directory when the workdir no longer records it. progress: compiles and timed decodes on stderr."""
+    directory when the workdir no longer records it. progress: compiles and timed decodes on stderr.
+    report: the workdir's report when the caller has read it already (`read_report`)."""
     if points not in POINTS:
         raise ValueError(f"points={points!r}: expected one of {POINTS}")
-    report = read_report(workdir)
+    report = report or read_report(workdir)
     if report.frontier is None:
         raise ValueError(f"{workdir}/report.json has no validation frontier (frontier.enabled=false): there are "
                          "no points to choose among")
