@@ -173,10 +173,18 @@ class Block(nn.Module):
 
 
 class Qwen3(nn.Module):
-    """The full decoder. Call with tokens [b, t] int32 and positions [b, t] (logical)."""
+    """The full decoder. Call with tokens [b, t] int32 and positions [b, t] (logical).
+
+    stacked: the layers' variables are one stack `layers` ([num_layers, …] leaves, run by a scan: the
+    layout of training and of checkpoints); False: one tree per layer, `layers_0` … (`split_layers`), run
+    one after the other. A scan slices each layer's weights out of the stack on every call, and XLA
+    copies the slice (on CPU, GPU and TPU alike) before the matmuls read it; per-layer trees are read
+    where they lie, which is what a decode loop, calling the model once per step, wants.
+    """
 
     config: ModelConfig
     lora: LoraConfig | None = None
+    stacked: bool = True
 
     @nn.compact
     def __call__(self, tokens: Array, positions: Array | None = None, *, window_mask: Array | None = None,
@@ -218,16 +226,24 @@ class Qwen3(nn.Module):
         block = Block
         if c.remat:
             block = nn.remat(Block, prevent_cse=False, policy=_REMAT_POLICIES[c.remat_policy])
-        scanned = nn.scan(block, variable_axes={"params": 0, "lora": 0},
-                          split_rngs={"params": True, "lora": True},
-                          metadata_params={nn.PARTITION_NAME: "layers"},
-                          in_axes=(0, 0) + (nn.broadcast,) * 5, length=c.num_layers, unroll=c.scan_unroll)
         # Static per-layer switch: the adapter arrays stay stacked over all layers (one scan), and a layer
         # outside `LoraConfig.layers` treats every row as gate-off, i.e. computes the base projection.
         chosen = self.lora.layer_ids(c.num_layers) if self.lora is not None else ()
         lora_on = jnp.asarray([i in chosen for i in range(c.num_layers)], bool)
-        x, window_kv = scanned(c, self.lora, name="layers")(x, layer_caches, lora_on, positions, window_mask,
-                                                           segment_ids, cache_mask, gate)
+        rest = (positions, window_mask, segment_ids, cache_mask, gate)
+        if self.stacked:
+            scanned = nn.scan(block, variable_axes={"params": 0, "lora": 0},
+                              split_rngs={"params": True, "lora": True},
+                              metadata_params={nn.PARTITION_NAME: "layers"},
+                              in_axes=(0, 0) + (nn.broadcast,) * 5, length=c.num_layers, unroll=c.scan_unroll)
+            x, window_kv = scanned(c, self.lora, name="layers")(x, layer_caches, lora_on, *rest)
+        else:
+            kvs = []
+            for i in range(c.num_layers):
+                layer_cache = None if layer_caches is None else tuple(buf[i] for buf in layer_caches)
+                x, kv = block(c, self.lora, name=f"layers_{i}")(x, layer_cache, lora_on[i], *rest)
+                kvs.append(kv)
+            window_kv = tuple(jnp.stack(parts) for parts in zip(*kvs))
         x = RMSNorm(c.rms_norm_eps, c.jnp_param_dtype, name="final_norm")(x)
         if return_hidden:
             return x, window_kv
@@ -266,13 +282,31 @@ def init_params(config: ModelConfig, key: Array, lora: LoraConfig | None = None)
     return variables["params"], variables["lora"]
 
 
+def split_layers(tree):
+    """Params (or LoRA params) with the stack `layers` ([num_layers, …] leaves) split into one tree per
+    layer, `layers_0` …, the layout `Qwen3(stacked=False)` reads; anything else as it is (None, or a tree
+    already split). Under `jax.jit` the split is one copy of the weights per call, made before a decode
+    loop instead of on every pass (`Qwen3`); outside it, one copy held by the caller."""
+    if not isinstance(tree, dict) or "layers" not in tree:
+        return tree
+    stack = tree["layers"]
+    n = jax.tree.leaves(stack)[0].shape[0]
+    split = {f"layers_{i}": jax.tree.map(lambda x, i=i: x[i], stack) for i in range(n)}
+    return {**{k: v for k, v in tree.items() if k != "layers"}, **split}
+
+
 def apply(params, config: ModelConfig, tokens: Array, positions: Array | None = None, *, lora_params=None,
           lora: LoraConfig | None = None, **kwargs):
-    """`Qwen3.apply` as a plain function of the params pytree; see `Qwen3.__call__` for kwargs."""
+    """`Qwen3.apply` as a plain function of the params pytree, stacked or split (`split_layers`: the
+    adapter's layout must be the params'); see `Qwen3.__call__` for kwargs."""
+    stacked = "layers" in params
     variables = {"params": params}
     if lora_params is not None:
+        if ("layers" in lora_params) != stacked:
+            raise ValueError("params and lora_params must both be stacked or both split (model.split_layers)")
         variables["lora"] = lora_params
-    return Qwen3(config, lora if lora_params is not None else None).apply(variables, tokens, positions, **kwargs)
+    return Qwen3(config, lora if lora_params is not None else None, stacked=stacked).apply(
+        variables, tokens, positions, **kwargs)
 
 
 # The parameter `lm_head` projects with, by name, and its logical axes (as `Qwen3` declares it).

@@ -35,13 +35,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--new", type=int, default=8192, help="new tokens per decoding row")
     p.add_argument("--attention", default="auto", help="model.attention for every program")
     p.add_argument("--remat", default="true", choices=("true", "false"), help="recompute each layer in the backward")
+    p.add_argument("--layer-loop", default="auto", help="GenerationConfig.layer_loop of every decoder: auto, split, scan")
 
 
 def settings(args) -> aot.AotSettings:
     programs = aot.PROGRAMS if args.programs == "all" else tuple(n for n in args.programs.split(",") if n)
     return aot.AotSettings(targets=names(args.target), presets=names(args.presets), programs=programs,
                            mesh=mesh_config(args.mesh), seq=args.seq, batch=args.batch, decode_batch=args.decode_batch,
-                           prompt=args.prompt, new=args.new, attention=args.attention, remat=args.remat == "true")
+                           prompt=args.prompt, new=args.new, attention=args.attention, remat=args.remat == "true",
+                           layer_loop=args.layer_loop)
 
 
 def run(args) -> tuple[dict, str]:

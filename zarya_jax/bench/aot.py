@@ -44,7 +44,7 @@ from ..objectives.drafter import DrafterConfig, drafter_objective
 from ..objectives.zarya import zarya_objective
 from ..rl import grpo
 from ..rl.trainer import BATCH_KEYS as GRPO_KEYS, grpo_objective
-from ..sampling.config import GenerationConfig
+from ..sampling.config import LAYER_LOOPS, GenerationConfig
 from ..sampling.modes import MODES
 from ..train import sharding as shd
 from ..train.checkpoints import abstract_like
@@ -66,7 +66,8 @@ PROGRAMS = TRAIN + tuple(DECODE)
 class AotSettings:
     """What `compile_rows` compiles: each program of `programs` for each preset of `presets` on each target of
     `targets`, on `mesh` (default: FSDP over all chips); train programs at `batch` × `seq`, decoders at
-    `decode_batch` prompts of `prompt` tokens + `new`; every model with `attention` and `remat`."""
+    `decode_batch` prompts of `prompt` tokens + `new`, their layers run by `layer_loop`
+    (`GenerationConfig.layer_loop`); every model with `attention` and `remat`."""
 
     targets: tuple[str, ...] = ("tpu:v5e:4x4",)
     presets: tuple[str, ...] = ("qwen3-1.7b", "qwen3-4b")
@@ -79,6 +80,7 @@ class AotSettings:
     new: int = 8192
     attention: str = "auto"
     remat: bool = True
+    layer_loop: str = "auto"
 
     def check(self) -> None:
         """ValueError naming the first bad setting (before anything compiles)."""
@@ -91,6 +93,8 @@ class AotSettings:
                              f"of {','.join(PROGRAMS)}")
         for t in self.targets:
             target_lib.parse(t)
+        if self.layer_loop not in LAYER_LOOPS:
+            raise ValueError(f"--layer-loop={self.layer_loop!r}: expected one of {', '.join(LAYER_LOOPS)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,9 +184,9 @@ def train_lowered(program: str, cfg, mesh, rows: int, seq: int, new: int):
     raise ConfigError(f"program {program!r}: expected one of {PROGRAMS}")
 
 
-def decode_lowered(program: str, cfg, mesh, batch: int, prompt: int, new: int):
+def decode_lowered(program: str, cfg, mesh, batch: int, prompt: int, new: int, layer_loop: str = "auto"):
     """The lowered `generate()` program of decoding mode `program` (one of `DECODE`)."""
-    gc = DECODE[program].replace(max_new_tokens=new)
+    gc = DECODE[program].replace(max_new_tokens=new, layer_loop=layer_loop)
     if getattr(gc.mode, "drafter", None) == "lora":
         lora = LoraConfig()
         params, adapter = _weights(cfg, mesh, lora)
@@ -214,7 +218,7 @@ def compile_row(program: str, target: str, preset_name: str, mesh, s: AotSetting
                hbm_gib=None if hbm is None else hbm / GIB)
     t0 = time.perf_counter()
     try:
-        lowered = (decode_lowered(program, cfg, mesh, s.decode_batch, s.prompt, s.new) if decode
+        lowered = (decode_lowered(program, cfg, mesh, s.decode_batch, s.prompt, s.new, s.layer_loop) if decode
                    else train_lowered(program, cfg, mesh, s.batch, s.seq, s.new))
         row["kernel"] = kernel(lowered.as_text())
         compiled = lowered.compile()

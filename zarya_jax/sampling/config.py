@@ -16,6 +16,7 @@ from ..config import missing_mask_token
 from .mode import Mode, named
 
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+LAYER_LOOPS = ("auto", "split", "scan")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +34,12 @@ class GenerationConfig:
     prompt_bucket: padded prompt length is rounded up to a multiple of it (bounds the compiles).
     kv_cache_dtype: K/V storage of the cache, "auto" (the model's compute dtype) or one of
       `KV_CACHE_DTYPES` ("bfloat16" halves an fp32 model's cache; attention still computes in the model's dtype).
+    layer_loop: how a pass runs the layers. "split": the program splits the params' layer stack into one
+      tree per layer once, before its decode loop (`model.split_layers`), and every pass reads each layer's
+      weights where they lie, at the cost of a second copy of the weights for the call; "scan": a scan over
+      the stack, which copies each layer's weights out of it on every pass but holds one layer at a time
+      (on a pod with FSDP-sharded weights, one layer gathered at a time); "auto": "split" on a CPU, "scan"
+      elsewhere (`LAYER_LOOPS`, docs/decoding.md#compilation-and-the-cache).
     """
 
     mode: Mode | str = "ar"
@@ -45,6 +52,7 @@ class GenerationConfig:
     stop_at_eos: bool = True
     prompt_bucket: int = 16
     kv_cache_dtype: str = "auto"
+    layer_loop: str = "auto"
 
     def __post_init__(self):
         if isinstance(self.mode, str):
@@ -59,6 +67,7 @@ class GenerationConfig:
 
     def replace(self, **changes) -> "GenerationConfig":
         return dataclasses.replace(self, **changes)
+
 
     def with_knobs(self, **fields) -> "GenerationConfig":
         """This config with shared fields and/or the mode's fields replaced (a field that is neither:
@@ -98,6 +107,8 @@ class GenerationConfig:
                 and self.repetition_penalty > 0):
             raise ValueError(
                 f"GenerationConfig.repetition_penalty={self.repetition_penalty!r}: expected a finite value > 0")
+        if self.layer_loop not in LAYER_LOOPS:
+            raise ValueError(f"GenerationConfig.layer_loop={self.layer_loop!r}: expected one of {LAYER_LOOPS}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"GenerationConfig.kv_cache_dtype={self.kv_cache_dtype!r}: expected one of {KV_CACHE_DTYPES}")
         self.mode.check(self)

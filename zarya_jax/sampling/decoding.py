@@ -7,12 +7,21 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ..nn import kv_cache
+from ..nn import attention, kv_cache
 from .. import model as model_lib
 from . import primitives
 from .config import GenerationConfig
 
 Array = jax.Array
+
+
+def layer_weights(trees: tuple, layer_loop: str = "auto") -> tuple:
+    """The weight trees (params, an adapter, a draft model's params; None passes) as a decode program runs
+    them under `GenerationConfig.layer_loop`: split per layer (`model.split_layers`) for "split", and for
+    "auto" when the program is for a CPU (`attention.platform()`: the context mesh's, else the default
+    backend's); stacked otherwise. Under `jax.jit`, before the decode loop: one copy per call, not per pass."""
+    split = layer_loop == "split" or (layer_loop == "auto" and attention.platform() == "cpu")
+    return tuple(map(model_lib.split_layers, trees)) if split else trees
 
 
 def special_ids(config, gcfg: GenerationConfig) -> tuple[int | None, int]:

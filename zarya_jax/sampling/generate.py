@@ -41,6 +41,9 @@ def _jitted(decoder: Decoder):
         # The mesh as the context mesh: activations pinned to its batch axes, and the attention kernel
         # chosen for its platform and run per shard (a Pallas kernel cannot be partitioned by XLA).
         with jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if mesh is not None else contextlib.nullcontext():
+            names = [k for k in extra if k.endswith("params")]
+            params, *weights = decoding.layer_weights((params, *(extra[k] for k in names)), gcfg.layer_loop)
+            extra.update(zip(names, weights))
             return decoder.run(params, tokens, lengths, key, config=config, gcfg=gcfg, debug=debug, knobs=knobs,
                                **extra)
 

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from ..nn import kv_cache
 from ..timing import slope_ms
 from .. import model as model_lib
-from . import ar, fused, mdm, slotted, spec, spec_model
+from . import ar, decoding, fused, mdm, slotted, spec, spec_model
 from .config import GenerationConfig
 
 Array = jax.Array
@@ -110,7 +110,9 @@ def pass_costs(params, config, batches, windows, context: int, repeats: int, pas
 def _repeated_pass(params, cache: dict, tokens: Array, n: Array, *, config) -> Array:
     """`n` (traced) cached passes of `tokens` [b, W] in one loop, each after the cache's committed rows (the
     cache's length is put back after each commit, so every pass sees the same context; each pass's input
-    depends on the last one's logits, so none is skipped); returns the last logits' sum."""
+    depends on the last one's logits, so none is skipped); returns the last logits' sum. The layers
+    run as `generate` runs them by default (`decoding.layer_weights`)."""
+    params, = decoding.layer_weights((params,))
     length = cache["length"]
     positions = length[:, None] + jnp.arange(tokens.shape[1], dtype=jnp.int32)[None, :]
 
