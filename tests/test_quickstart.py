@@ -252,7 +252,7 @@ def test_choice_for_time_again_on_this_device(smoke_run, tmp_path, capsys):
     report, checkpoint, drafter and splits (here a moved copy of the workdir: the recorded checkpoint path
     is gone, the workdir's own train/final is read), written where `generate --mode auto` reads it."""
     from experiments import speed as speed_cli
-    from zarya_jax.eval.speed import SpeedChoice
+    from zarya_jax.eval.speed import SpeedChoice, to_time
 
     workdir, report, _ = smoke_run
     moved = tmp_path / "moved"
@@ -268,7 +268,10 @@ def test_choice_for_time_again_on_this_device(smoke_run, tmp_path, capsys):
     assert [c.batch for c in choice.choices] == [1] and choice.device == "cpu"
     c = choice.choices[0]
     timed = [x for x in c.candidates if x.tokens_per_s is not None]
-    assert len(timed) == 3 and timed[0].mode == "ar" and c.chosen in timed
+    # AR, the 2 predicted fastest and every other mode's predicted fastest point
+    predicted = sorted(c.candidates, key=lambda x: (x.mode != "ar", -x.predicted_speedup))
+    assert [(x.mode, x.point) for x in timed] == [(x.mode, x.point) for x in to_time(predicted, 2)]
+    assert {x.mode for x in timed} == {x.mode for x in c.candidates} and timed[0].mode == "ar" and c.chosen in timed
     assert c.chosen == max(timed, key=lambda x: x.tokens_per_s) and c.test_ar_tokens_per_s > 0
     # the candidates are the report's lossless frontier points, with the report's tokens per forward
     front = {(p["mode"], p["point"]): p["tokens_per_forward"] for p in report["frontier"]["points"]}

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 from zarya_jax.eval.results import FrontierPoint
-from zarya_jax.eval.speed import BatchChoice, Candidate, SpeedChoice, SpeedConfig, predict
+from zarya_jax.eval.speed import BatchChoice, Candidate, SpeedChoice, SpeedConfig, predict, to_time
 from zarya_jax.config import ConfigError
 from zarya_jax.sampling import GenerationConfig, passes
 from zarya_jax.sampling.modes import mode
@@ -44,6 +44,16 @@ def test_prediction_prices_each_cycle_by_its_passes():
     assert cands[2].predicted_speedup == pytest.approx(4.5 / 9.0)                # one pass of 30 rows
     with pytest.raises(KeyError):  # a window the curve did not measure is not guessed
         predict(pts, costs[:2], 4, 32)
+
+
+def test_every_mode_has_its_fastest_predicted_point_timed():
+    """AR and the `confirm` predicted fastest are timed, and so is each other mode's best predicted point, once."""
+    cand = lambda m, s, f: Candidate(m, {"draft_length": f}, f"F={f}", 2.0, s)  # noqa: E731
+    cands = [Candidate("ar", {}, "", 1.0, 1.0), cand("spec-self-fused", 1.3, 4), cand("spec-self-fused", 1.2, 8),
+             cand("spec-lora", 1.1, 8), cand("spec-self", 1.05, 8), cand("spec-self", 1.0, 16), cand("spec-lora", 0.9, 4)]
+    assert [(c.mode, c.point) for c in to_time(cands, 2)] == [
+        ("ar", ""), ("spec-self-fused", "F=4"), ("spec-self-fused", "F=8"), ("spec-lora", "F=8"), ("spec-self", "F=8")]
+    assert to_time(cands, 6) == cands and to_time(cands[:1], 3) == cands[:1]
 
 
 def choice():

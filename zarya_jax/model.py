@@ -178,8 +178,8 @@ class Qwen3(nn.Module):
     stacked: the layers' variables are one stack `layers` ([num_layers, …] leaves, run by a scan: the
     layout of training and of checkpoints); False: one tree per layer, `layers_0` … (`split_layers`), run
     one after the other. A scan slices each layer's weights out of the stack on every call, and XLA
-    copies the slice (on CPU, GPU and TPU alike) before the matmuls read it; per-layer trees are read
-    where they lie, which is what a decode loop, calling the model once per step, wants.
+    mostly copies the slice before the matmuls read it; per-layer trees are read where they lie (what a
+    decode loop calling the model once per pass may want: `GenerationConfig.layer_loop`).
     """
 
     config: ModelConfig

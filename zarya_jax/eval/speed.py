@@ -7,11 +7,14 @@ depends on the pass's rows and the batch. So, after the validation frontier:
    W rows at batch b), at the windows the candidates' cycles run (`sampling.passes.cycle_windows`);
 2. each lossless frontier point's predicted speed-up over AR at batch b: its tokens per forward over AR's,
    times AR's pass cost over its mean pass cost: (tpf / tpf_AR) · c(b, 1) / mean over its passes of c(b, W);
-3. per batch size, AR and the `confirm` points predicted fastest are timed on the validation prompts at
-   that batch (taking turns, best of `repeats`), and the fastest measured is chosen. The prediction ignores what a
-   cycle does besides its passes (acceptance, the cache commit, the loop) and the prefill; the
-   measurement does not. AR is always a candidate, so the choice is never slower than AR on validation
-   beyond the timing noise.
+3. per batch size, AR, the `confirm` points predicted fastest and each lossless mode's point predicted
+   fastest (`to_time`) are timed on the validation prompts at that batch (taking turns, best of `repeats`),
+   and the fastest measured is chosen. The prediction ignores what a cycle does besides its passes
+   (sampling, acceptance, the cache commit, the loop: the AR loop's step costs more than its one-row
+   pass, a fused cycle more than its window) and the prefill, and what it leaves out differs by mode; the
+   measurement does not, and timing every mode's best keeps one mode's optimism from crowding out the
+   others. AR is always a candidate, so the choice is never slower than AR on validation beyond the
+   timing noise.
 
 `SpeedChoice` holds the curve, every candidate's prediction (and measurement where timed) and the choice
 per batch size. Saved as `eval/speed.json`, it is what `experiments.generate --mode auto --speed FILE`
@@ -47,7 +50,8 @@ class SpeedConfig:
     enabled: choose per batch size after the frontier (needs the frontier: the candidates are its
       lossless points).
     batches: the batch sizes to calibrate at.
-    confirm: the lossless points predicted fastest that are timed at each batch size, besides AR.
+    confirm: the lossless points predicted fastest that are timed at each batch size, besides AR and each
+      lossless mode's point predicted fastest.
     examples: validation prompts timed per candidate (rounded down to a multiple of the batch, at least
       one batch).
     repeats: timed runs per candidate (the best counts); the first, untimed, compiles.
@@ -207,6 +211,16 @@ def predict(points: list[FrontierPoint], costs: list[dict], batch: int, max_new_
     return sorted(cands, key=lambda c: (c.mode != "ar", -c.predicted_speedup))
 
 
+def to_time(cands: list[Candidate], confirm: int) -> list[Candidate]:
+    """The candidates `predict` ranked that are timed: AR, the `confirm` predicted fastest, and each mode's
+    predicted fastest point (module doc, step 3), in that order."""
+    timed = cands[:1 + confirm]
+    for c in cands[1 + confirm:]:
+        if all(t.mode != c.mode for t in timed):
+            timed.append(c)
+    return timed
+
+
 def curve(model: Inference, points: list[FrontierPoint], prompts: list[list[int]], sc: SpeedConfig,
           max_new_tokens: int, progress: bool = False) -> list[dict]:
     """The pass-cost curve at the calibrated batch sizes and the windows of the candidates' cycles, the cache
@@ -255,11 +269,12 @@ def choose(model: Inference, points: list[FrontierPoint], val_records: list[dict
     choices = []
     for b in sc.batches:
         cands = predict(points, costs, b, ev.max_new_tokens)
-        n = 1 + sc.confirm
-        tps = race(model, timed_prompts(prompts, b, sc.examples), cands[:n], ev.max_new_tokens, b, sc.repeats, ev.seed,
+        timed = to_time(cands, sc.confirm)
+        tps = race(model, timed_prompts(prompts, b, sc.examples), timed, ev.max_new_tokens, b, sc.repeats, ev.seed,
                    f"at batch {b} (validation)" if progress else None)
-        ranked = [dataclasses.replace(c, tokens_per_s=t, ar_tokens_per_s=tps[0]) for c, t in zip(cands, tps)] + cands[n:]
-        choices.append(BatchChoice(batch=b, chosen=max(ranked[:n], key=lambda c: c.tokens_per_s), candidates=ranked))
+        measured = [dataclasses.replace(c, tokens_per_s=t, ar_tokens_per_s=tps[0]) for c, t in zip(timed, tps)]
+        ranked = measured + [c for c in cands if c not in timed]
+        choices.append(BatchChoice(batch=b, chosen=max(measured, key=lambda c: c.tokens_per_s), candidates=ranked))
     return SpeedChoice(device=device_name(), costs=costs, choices=choices, max_new_tokens=ev.max_new_tokens)
 
 
