@@ -125,7 +125,7 @@ class Subject:
     setup: dict
 
     @functools.cached_property
-    def split(self) -> tuple[Any, Any]:
+    def run_weights(self) -> tuple[Any, Any]:
         """(params, adapter) as `generate`'s program runs them by default on this platform
         (`decoding.layer_weights`), for the loops and steps this module compiles itself."""
         return jax.jit(decoding.layer_weights)((self.params, self.lora_params))
@@ -158,8 +158,6 @@ def load(s: CycleSettings) -> Subject:
                    for _ in range(s.batch)]
         setup["prompts"] = f"{s.batch} random prompts of {s.prompt_length} tokens"
     return Subject(loaded.params, loaded.config, loaded.adapter, loaded.lora, prompts, setup)
-
-
 
 
 # --------------------------------------------------------------------------- timing
@@ -228,22 +226,22 @@ def padded(subject: Subject, b: int, gc: GenerationConfig) -> tuple[jax.Array, j
     return jnp.asarray(tokens), jnp.asarray(lengths)
 
 
-def adapter_of(subject: Subject, gc: GenerationConfig, split: bool = False) -> tuple[Any, LoraConfig | None]:
-    """(lora_params, lora) as `generate` passes them (split: as its program holds them): the adapter for the
-    LoRA drafter only."""
+def adapter_of(subject: Subject, gc: GenerationConfig, run: bool = False) -> tuple[Any, LoraConfig | None]:
+    """(lora_params, lora) as `generate` passes them (run: as its program runs them, `Subject.run_weights`):
+    the adapter for the LoRA drafter only."""
     if gc.mode.drafter != "lora":
         return None, None
-    return subject.split[1] if split else subject.lora_params, subject.lora
+    return subject.run_weights[1] if run else subject.lora_params, subject.lora
 
 
 # --------------------------------------------------------------------------- the loops
 def spec_loop_ms(subject: Subject, gc: GenerationConfig, tokens, lengths, repeats: int) -> tuple[float, dict]:
     """(ms per cycle, `spec.summarize` of the whole budget's run) of `spec.spec_decode`: one program for both
     budgets (`max_cycles` is traced)."""
-    lora_params, lora = adapter_of(subject, gc, split=True)
+    lora_params, lora = adapter_of(subject, gc, run=True)
 
     def run(cycles: int):
-        return spec.spec_decode(subject.split[0], lora_params, tokens, lengths, jax.random.PRNGKey(0),
+        return spec.spec_decode(subject.run_weights[0], lora_params, tokens, lengths, jax.random.PRNGKey(0),
                                 jnp.int32(cycles), config=subject.config, gcfg=gc, lora=lora)
 
     ms, _, raw = slope_ms(run, lambda out, _: int(np.max(jax.device_get(out["row_cycles"]))), 1,
@@ -257,7 +255,7 @@ def ar_loop_ms(subject: Subject, gc: GenerationConfig, tokens, lengths, repeats:
                 for g in (1, gc.max_new_tokens)}
 
     def run(g: int):
-        return programs[g](subject.split[0], tokens, lengths, jax.random.PRNGKey(0))
+        return programs[g](subject.run_weights[0], tokens, lengths, jax.random.PRNGKey(0))
 
     return slope_ms(run, lambda out, _: int(out["loop_passes"]), 1, gc.max_new_tokens, repeats)[:2]
 
@@ -340,8 +338,8 @@ def prefill_program(cfg: ModelConfig, cache_len: int, cache_dtype: str, fn: Call
 def cycle_steps(subject: Subject, gc: GenerationConfig, tokens, lengths) -> dict[str, Step]:
     """name (`COMPONENTS`) → that step of a cycle with its real arguments: the state a decode starts from
     (`spec.prefill_but_last`, `spec.loop_state`), each step run once here to give the next its input."""
-    cfg, p, F = subject.config, subject.split[0], gc.mode.draft_length
-    lora_params, lora = adapter_of(subject, gc, split=True)
+    cfg, p, F = subject.config, subject.run_weights[0], gc.mode.draft_length
+    lora_params, lora = adapter_of(subject, gc, run=True)
     fns = steps(cfg, gc, lora)
     prefill = prefill_program(cfg, spec.cache_rows(gc, tokens.shape[1]), gc.kv_cache_dtype, spec.prefill_but_last)
     cache, seed = prefill(p, prompts=tokens, lengths=lengths)
@@ -371,9 +369,9 @@ def ar_step(subject: Subject, gc: GenerationConfig, tokens, lengths) -> Step:
     `ar.run` sizes it)."""
     cfg = subject.config
     prefill = prefill_program(cfg, tokens.shape[1] + gc.max_new_tokens, gc.kv_cache_dtype, decoding.prefill)
-    logits, cache = prefill(subject.split[0], tokens=tokens, lengths=lengths)
+    logits, cache = prefill(subject.run_weights[0], tokens=tokens, lengths=lengths)
     tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    return Step(functools.partial(ar_pass, config=cfg), (subject.split[0],), (cache, tok, lengths[:, None]))
+    return Step(functools.partial(ar_pass, config=cfg), (subject.run_weights[0],), (cache, tok, lengths[:, None]))
 
 
 # --------------------------------------------------------------------------- the run

@@ -68,7 +68,6 @@ class GenerationConfig:
     def replace(self, **changes) -> "GenerationConfig":
         return dataclasses.replace(self, **changes)
 
-
     def with_knobs(self, **fields) -> "GenerationConfig":
         """This config with shared fields and/or the mode's fields replaced (a field that is neither:
         ValueError naming both sets)."""
