@@ -1,6 +1,7 @@
 """Decoding over per-layer weights (`model.split_layers`, `GenerationConfig.layer_loop`, docs/decoding.md):
 the split model is the scanned one, with a cache and a gated adapter on some layers; every mode decodes the
-same tokens either way; a decode program holds no layer scan and no stacked weight once it has split."""
+same tokens either way; a decode program holds no layer scan and no stacked weight once it has split, and no
+conditional."""
 import re
 
 import jax
@@ -81,14 +82,17 @@ def test_every_mode_decodes_the_same_tokens_split_or_scanned(weights, mode, adap
         np.testing.assert_allclose(split.logprobs, stacked.logprobs, atol=1e-5)
 
 
-def _while_loops(gc: GenerationConfig, devices=None) -> int:
-    """The `while` loops of `generate`'s AR program for `gc` on one of `devices` (default: this host's), lowered."""
+def _lowered(gc: GenerationConfig, devices=None, **adapter) -> str:
+    """`generate`'s program for `gc` on one of `devices` (default: this host's), lowered: StableHLO text."""
     from zarya_jax.sampling.generate import lower
     from zarya_jax.train.sharding import MeshConfig, make_mesh
 
     mesh = make_mesh(MeshConfig(), (devices or jax.devices())[:1])
-    text = lower(normal_params(CONFIG, seed=1), CONFIG, gc, 1, 8, mesh=mesh).as_text()
-    return len(re.findall(r"stablehlo\.while", text))
+    return lower(normal_params(CONFIG, seed=1), CONFIG, gc, 1, 8, mesh=mesh, **adapter).as_text()
+
+
+def _while_loops(gc: GenerationConfig, devices=None) -> int:
+    return len(re.findall(r"stablehlo\.while", _lowered(gc, devices)))
 
 
 def test_a_split_program_runs_no_layer_scan():
@@ -105,6 +109,18 @@ def test_auto_scans_the_layers_on_a_tpu():
     gc = GenerationConfig(max_new_tokens=4)
     assert _while_loops(gc, tpu) == _while_loops(gc.replace(layer_loop="scan"), tpu) > _while_loops(
         gc.replace(layer_loop="split"), tpu)
+
+
+@pytest.mark.parametrize("mode", ["ar", "mdm", "slotted", "spec-self", "spec-lora", "spec-self-fused",
+                                  "spec-lora-fused"])
+def test_no_decode_program_branches(weights, mode):
+    """XLA moves loop-invariant work out of a `while` body, not out of a conditional inside one (on a CPU,
+    a bf16 model's f32 weight copies and its tied head's transpose; docs/decoding.md): no mode's program
+    holds one. Ψ-Spec's AR cycles under `draft_when_active_below` (traced, so always in the program)
+    run in a loop of their own before the drafting ones."""
+    adapter = {"lora_params": weights[1], "lora": LORA} if "lora" in mode else {}
+    text = _lowered(GenerationConfig(mode=mode, max_new_tokens=8), **adapter)
+    assert "stablehlo.while" in text and not re.search(r"stablehlo\.(case|if)\b", text)
 
 
 def test_layer_loop_is_one_of_its_names():

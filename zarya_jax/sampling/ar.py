@@ -46,7 +46,21 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
     draw = sampler(config, gcfg)
     stop = eos is not None and gcfg.stop_at_eos
     logits, cache = prefill(params, config, tokens, lengths, p + g, gcfg.kv_cache_dtype)
-    state = dict(i=jnp.int32(0), cache=cache, logits=logits, out=jnp.full((b, g), pad, jnp.int32),
+
+    def take(s, logits):
+        """Token i of every active row, sampled from `logits` (the pass over token i − 1, or the prefill's)."""
+        i = s["i"]
+        active = ~s["done"]
+        tok = jnp.where(active, draw(jax.random.fold_in(key, i), logits, s["presence"]), pad)
+        new = dict(s, i=i + 1, tok=tok, out=s["out"].at[:, i].set(tok),
+                   logprobs=s["logprobs"].at[:, i].set(jnp.where(active, logprobs_of(config, gcfg, logits, tok), 0.0)),
+                   done=s["done"] | (active & (tok == eos)) if stop else s["done"],
+                   generated=s["generated"] + active, presence=add_presence(s["presence"], tok[:, None], active[:, None]))
+        if debug:
+            new["trace"] = s["trace"].at[i].set(logits)
+        return new
+
+    state = dict(i=jnp.int32(0), cache=cache, tok=jnp.full((b,), pad, jnp.int32), out=jnp.full((b, g), pad, jnp.int32),
                  logprobs=jnp.zeros((b, g), jnp.float32), done=jnp.zeros((b,), bool), generated=jnp.zeros((b,), jnp.int32),
                  nfe=jnp.ones((b,), jnp.int32), passes=jnp.int32(1),
                  presence=initial_presence(tokens, lengths, config.vocab_size, gcfg))
@@ -56,29 +70,16 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config, gcfg: Gene
     def cond(s):
         return (s["i"] < g) & jnp.any(~s["done"])
 
+    # Each step is the pass over the last token, then the next token: no pass after the last one, and no
+    # `lax.cond` in the body (XLA hoists no loop-invariant work, e.g. a CPU's f32 copy of bf16 weights, out of
+    # a conditional, so a step under one redoes it).
     def body(s):
-        i = s["i"]
-        active = ~s["done"]
-        tok = jnp.where(active, draw(jax.random.fold_in(key, i), s["logits"], s["presence"]), pad)
-        out = s["out"].at[:, i].set(tok)
-        logprobs = s["logprobs"].at[:, i].set(jnp.where(active, logprobs_of(config, gcfg, s["logits"], tok), 0.0))
-        done = s["done"] | (active & (tok == eos)) if stop else s["done"]
-        go = (i + 1 < g) & jnp.any(~done)
+        live = ~s["done"]
+        lg, kv = model_lib.apply(params, config, s["tok"][:, None], (lengths + s["i"] - 1)[:, None], cache=s["cache"])
+        s = dict(s, cache=kv_cache.commit(s["cache"], kv, live[:, None]), nfe=s["nfe"] + live, passes=s["passes"] + 1)
+        return take(s, lg[:, 0])
 
-        def forward(_):
-            pos = (lengths + i)[:, None]
-            lg, kv = model_lib.apply(params, config, tok[:, None], pos, cache=s["cache"])
-            return lg[:, 0], kv_cache.commit(s["cache"], kv, (~done)[:, None])
-
-        logits, cache = jax.lax.cond(go, forward, lambda _: (s["logits"], s["cache"]), None)
-        new = dict(i=i + 1, cache=cache, logits=logits, out=out, logprobs=logprobs, done=done,
-                   generated=s["generated"] + active, nfe=s["nfe"] + (go & ~done),
-                   passes=s["passes"] + go, presence=add_presence(s["presence"], tok[:, None], active[:, None]))
-        if debug:
-            new["trace"] = s["trace"].at[i].set(s["logits"])
-        return new
-
-    s = jax.lax.while_loop(cond, body, state)
+    s = jax.lax.while_loop(cond, body, take(state, logits))
     out, out_lengths = finish(s["out"], s["generated"], eos, gcfg, pad)
     result = dict(tokens=out, lengths=out_lengths, logprobs=s["logprobs"], num_forward_passes=s["nfe"],
                   loop_passes=s["passes"])

@@ -386,9 +386,8 @@ class Cycle:
 
 
 # A cycle (spec or AR) reads the cache and returns the rest of the state plus what to commit: the K/V
-# of a window of F + 1 rows and which of them to keep. The one commit after it is a scatter into the
-# loop-carried buffer, updated in place; a cycle that wrote the cache itself would put the buffer
-# through `lax.cond`, which gives its result a buffer of its own (a second cache).
+# of a window of F + 1 rows and which of them to keep. The one commit after it (`spec_decode`'s `step`)
+# is a scatter into the loop-carried buffer, updated in place.
 
 def _drafts(cy: Cycle, s: dict, k_noise: Array, k_draw: Array) -> tuple[Array, Array, Array, Array | None]:
     """Step 1 of a cycle: (drafts c0 … c_{F−1}, the first draft pass's logits, the verified pass's q
@@ -502,15 +501,20 @@ def spec_decode(params, lora_params, prompts: Array, lengths: Array, key: Array,
                  row_draft_cycles=jnp.zeros((b,), jnp.int32), row_passes=jnp.ones((b,), jnp.int32),
                  loop_passes=jnp.int32(1))
 
-    def body(s):
-        if draft_below is None:
-            new, (kv, keep) = spec_cycle(cy, s)
-        else:
-            few = jnp.sum(~s["done"]) <= draft_below * b
-            new, (kv, keep) = jax.lax.cond(few, functools.partial(spec_cycle, cy), functools.partial(ar_cycle, cy), s)
-        return {**new, "cache": kv_cache.commit(s["cache"], kv, keep)}
+    def step(cycle):
+        def body(s):
+            new, (kv, keep) = cycle(cy, s)
+            return {**new, "cache": kv_cache.commit(s["cache"], kv, keep)}
+        return body
 
-    s = jax.lax.while_loop(running(max_cycles, gcfg), body, state)
+    go = running(max_cycles, gcfg)
+    if draft_below is not None:
+        # Rows only finish, so "few enough rows to draft" turns true once and stays: AR cycles until then,
+        # speculative cycles after. Two loops, not a `lax.cond` per cycle: XLA hoists no loop-invariant work
+        # (e.g. a CPU's f32 copy of bf16 weights) out of a conditional, so a cycle under one would redo it.
+        many = lambda s: go(s) & (jnp.sum(~s["done"]) > draft_below * b)  # noqa: E731
+        state = jax.lax.while_loop(many, step(ar_cycle), state)
+    s = jax.lax.while_loop(go, step(spec_cycle), state)
     return {"tokens": s["out"], "lengths": s["g"], "logprobs": s["logprobs"],
             "num_forward_passes": s["row_passes"], "loop_passes": s["loop_passes"], "row_cycles": s["row_cycles"],
             "row_draft_cycles": s["row_draft_cycles"], "accepted_sum": s["accepted_sum"],
