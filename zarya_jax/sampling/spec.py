@@ -386,7 +386,7 @@ class Cycle:
 
 
 # A cycle (spec or AR) reads the cache and returns the rest of the state plus what to commit: the K/V
-# of a window of F + 1 rows and which of them to keep. The one commit after it (`spec_decode`'s `step`)
+# of its window (F + 1 rows, or the AR cycle's one) and which of them to keep. The one commit after it (`spec_decode`'s `step`)
 # is a scatter into the loop-carried buffer, updated in place.
 
 def _drafts(cy: Cycle, s: dict, k_noise: Array, k_draw: Array) -> tuple[Array, Array, Array, Array | None]:
@@ -461,14 +461,12 @@ def ar_cycle(cy: Cycle, s: dict) -> tuple[dict, tuple]:
                                                       jnp.ones((cy.b,), jnp.int32), logits, cy.eos, config=cy.config,
                                                       gcfg=cy.gcfg)
     act = active.astype(jnp.int32)
-    # the seed's K/V in the first of F + 1 rows, as a spec cycle's window has them
-    kv = tuple(jnp.pad(x, ((0, 0), (0, 0), (0, cy.F), (0, 0), (0, 0))) for x in kv)
     rest = {k: v for k, v in s.items() if k != "cache"}
     return {**rest, "seed": jnp.where(active, c0[:, 0], s["seed"]), "n": jnp.where(active, s["n"] + 1, s["n"]),
             "out": out, "logprobs": logprobs, "g": g, "done": s["done"] | finished, "cycle": s["cycle"] + 1,
             "row_cycles": s["row_cycles"] + act, "row_passes": s["row_passes"] + act,
             "loop_passes": s["loop_passes"] + 1,
-            "presence": decoding.add_presence(s["presence"], c0, write)}, (kv, (cy.idx_o == 0) & active[:, None])
+            "presence": decoding.add_presence(s["presence"], c0, write)}, (kv, active[:, None])
 
 
 @functools.partial(jax.jit, static_argnames=("config", "gcfg", "lora"))
