@@ -2,6 +2,7 @@
 (`zarya_jax.inference.load_for_inference`): the quickstart's pipeline run from Python returns a typed
 report equal to the report.json it wrote; the LoRA drafter trains on the base checkpoint's tokenizer;
 the loader's tokenizer precedence."""
+import dataclasses
 import json
 import re
 import os
@@ -14,7 +15,8 @@ from zarya_jax import checkpoint, overrides
 from zarya_jax.data.tokenizer import ByteTokenizer, HFTokenizer
 from zarya_jax.eval import answers, tasks
 from zarya_jax.eval.results import FrontierPoint, Prediction
-from zarya_jax.experiment import SMOKE, ExperimentConfig, GoalsSection, ModeResult, Report, default_config, run, stages
+from zarya_jax.experiment import (SMOKE, ExperimentConfig, GoalsSection, ModeResult, Report, default_config, describe,
+                                  plan, run, stages)
 from zarya_jax.inference import load_for_inference
 from zarya_jax.model import init_params
 from zarya_jax.testing import chat_tokenizer
@@ -26,8 +28,13 @@ def test_run_from_python_returns_a_typed_report(tmp_path):
                                                  "frontier.grid.mdm.steps": [0, 2], "eval.limit": 3})
     assert isinstance(config, ExperimentConfig) and config.goals.ar_accuracy == 0.8
     workdir = str(tmp_path / "exp")
+    # The plan is data, made before anything runs: nothing is written, and each stage's time is reported.
+    planned = plan(config, workdir)
+    assert describe(planned) == "data → train → records → frontier → test → speed → diagnostics → targets"
+    assert not os.path.exists(workdir)
     report = run(config, workdir, progress=False)
     assert isinstance(report, Report) and all(isinstance(r, ModeResult) for r in report.modes)
+    assert list(report.timings) == [f"{s.name}_s" for s in planned] and all(t >= 0 for t in report.timings.values())
     assert [r.mode for r in report.modes] == ["ar", "mdm"] and report.train.step == 4
     assert all(isinstance(p, FrontierPoint) for p in report.frontier.points)
     assert [p.mode for p in report.frontier.points] == ["ar", "mdm", "mdm"]
@@ -100,6 +107,12 @@ def test_drafter_trains_on_the_checkpoint_tokenizer(hf_ckpt, tmp_path):
         "drafter.objective.block_sizes": [2]})
     assert config.data.tokenizer == "byte"
     workdir = tmp_path / "exp"
+    # A given checkpoint is loaded first (a damaged one fails before any write) and nothing is trained but
+    # the drafter; spec-model would add its draft model after it.
+    assert describe(plan(config, str(workdir))) == ("load → data → records → drafter → frontier → test → speed → "
+                                                    "diagnostics → targets")
+    assert describe(plan(config.replace(eval=dataclasses.replace(config.eval, modes=("ar", "spec-model"))), "w")).startswith(
+        "load → data → records → draft_model → frontier")
     report = run(config, str(workdir), progress=False)
     recorded = json.load(open(workdir / "drafter" / "run_config.json"))
     assert recorded["data"]["tokenizer"] == checkpoint.tokenizer_dir(path)

@@ -120,7 +120,8 @@ class GoalsSection:
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
     """The trainer's sections, then the task, the drafter, the draft model, the evaluation, the frontier, the
-    choice for time (`speed`: needs the frontier and AR among the modes, else skipped) and the goals. Each stage of `zarya_jax.experiment.stages` takes the sections it reads, never the whole."""
+    choice for time (`speed`: needs the frontier and AR among the modes, else skipped) and the goals. Each stage of `zarya_jax.experiment.stages` takes the sections it reads, never the whole
+    (`zarya_jax.experiment.plan` binds them)."""
 
     model: ModelConfig
     zarya: ZaryaConfig = ZaryaConfig()

@@ -1,5 +1,6 @@
-"""`run(config, workdir) -> Report`: data → train (unless `eval.ckpt`) → frontier on validation → the
-chosen points on test → the fastest lossless configuration per batch size → diagnostics → report files (`zarya_jax.experiment.stages`).
+"""`run(config, workdir) -> Report`: the config's stages (`zarya_jax.experiment.plan`: data → train, unless
+`eval.ckpt` → frontier on validation → the chosen points on test → the fastest lossless configuration per
+batch size → diagnostics → targets), then the report files.
 
 Reruns are safe. Every input is checked before any compute (the whole config when it is built, the
 workdir writable, the checkpoint to evaluate). A workdir whose `report.json` was made by the same
@@ -11,20 +12,17 @@ always complete.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 import sys
 import time
 
 from .. import overrides
-from ..config import PromptFormat
-from ..eval import tasks
-from ..eval.evaluate import ADAPTER_MODES, EvalConfig, write_outputs
+from ..eval.evaluate import EvalConfig, write_outputs
 from ..files import check_writable_dir
 from ..provenance import provenance
-from . import stages
 from .config import ExperimentConfig, comparable
+from .plan import Made, describe, plan
 from .report import write_report
 from .results import Report
 
@@ -56,54 +54,40 @@ def check_inputs(ev: EvalConfig, workdir: str) -> None:
 def run(config: ExperimentConfig, workdir: str, *, progress: bool = True, force: bool = False) -> Report:
     """Runs the experiment into `workdir` and returns its report; a workdir whose report this config
     already made is returned as it is (`current_report`), untouched. progress: progress bars. force:
-    resume training / the drafter even when the workdir holds checkpoints of another config."""
+    resume training / the drafter even when the workdir holds checkpoints of another config. The stages
+    and what each reads: `zarya_jax.experiment.plan`; `report.timings` holds each stage's seconds."""
     t_start = time.perf_counter()
     if not config.eval.ckpt:  # the training's progress bar only when progress is wanted (a presentation setting)
         config = config.replace(train=dataclasses.replace(config.train,
                                                           progress_bar=bool(progress and config.train.progress_bar)))
-    # Each section once, here; every stage takes the sections it reads (the trainer's as one RunConfig).
-    trainer, task, ev, fc = config.trainer, config.task, config.eval, config.frontier
-    check_inputs(ev, workdir)
+    check_inputs(config.eval, workdir)
     done = current_report(config, workdir)
     if done is not None:
         print(f"{workdir}: report.json is up to date with this config; nothing to do", file=sys.stderr)
         return done
-    load = functools.partial(stages.load, data=trainer.data, verify=trainer.train.verify_checkpoints)
-    model = load(ev.ckpt) if ev.ckpt else None  # a damaged checkpoint fails before any write
-    os.makedirs(workdir, exist_ok=True)
-    splits = stages.prepare_data(task, workdir, fmt=PromptFormat.of(trainer.data), need_val=fc.enabled)
-    trained = None
-    if model is None:
-        trained = stages.train(trainer, splits, workdir, force=force)
-        model = load(trained.ckpt)
-    records = tasks.read_jsonl(splits.test, model.prompt_format)
-    if any(m in ADAPTER_MODES for m in ev.modes):
-        drafter = config.drafter
-        model = stages.train_drafter(drafter, trainer, model, stages.drafter_data(drafter, task, splits, workdir),
-                                     workdir, force=force)
-    if "spec-model" in ev.modes:
-        model = stages.train_draft_model(config.draft_model, trainer, config.drafter.lora, model, splits.train,
-                                         workdir, force=force)
-    t_frontier = time.perf_counter()
-    val_records = tasks.read_jsonl(splits.val, model.prompt_format) if fc.enabled else []
-    knobs, front = stages.choose_knobs(ev, fc, model, val_records, progress)
-    t_test = time.perf_counter()
-    results, predictions = stages.evaluate(ev, model, records, knobs, front, progress)
-    t_speed = time.perf_counter()
-    fastest = stages.choose_for_time(config.speed, ev, model, front, val_records, records)
-    t_diag = time.perf_counter()
-    diag = stages.diagnose(trainer.zarya, model, records, results, predictions)
+    stages = plan(config, workdir, progress=progress, force=force)
+    if progress:
+        print(f"{workdir}: {describe(stages)}", file=sys.stderr)
+    made, timings = Made(), {}
+    for stage in stages:
+        t = time.perf_counter()
+        made = dataclasses.replace(made, **stage.step(made))
+        timings[f"{stage.name}_s"] = time.perf_counter() - t
+    return finish(made, overrides.to_dict(config), workdir, timings, time.perf_counter() - t_start)
+
+
+def finish(made: Made, config: dict, workdir: str, timings: dict, wall_s: float) -> Report:
+    """The report of what the stages made, written into `workdir`: the predictions and results under
+    `eval/`, the speed choice, and the report files (`report.json` last)."""
+    model, trained = made.model, made.trained
     report = Report(
         provenance=provenance(), checkpoint=model.ckpt,
         model={"params": model.config.num_params(), **dataclasses.asdict(model.config)},
-        train=trained.summary if trained else None, modes=results,
-        targets=stages.targets(config.goals, results, predictions), frontier=front, diagnostics=diag,
-        loss_curve=trained.loss_curve if trained else [], config=overrides.to_dict(config),
-        timings={"frontier_s": t_test - t_frontier, "test_s": t_speed - t_test, "speed_s": t_diag - t_speed,
-                 "diagnostics_s": time.perf_counter() - t_diag},
-        wall_s=time.perf_counter() - t_start, speed=fastest)
-    write_outputs(os.path.join(workdir, "eval"), results, predictions)
-    if fastest is not None:
-        fastest.save(os.path.join(workdir, "eval", "speed.json"))
+        train=trained.summary if trained else None, modes=list(made.results), targets=list(made.targets),
+        frontier=made.frontier, diagnostics=made.diagnostics, loss_curve=trained.loss_curve if trained else [],
+        config=config, timings=timings, wall_s=wall_s, speed=made.speed)
+    write_outputs(os.path.join(workdir, "eval"), made.results, made.predictions)
+    if made.speed is not None:
+        made.speed.save(os.path.join(workdir, "eval", "speed.json"))
     write_report(workdir, report)
     return report

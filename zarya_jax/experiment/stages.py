@@ -14,7 +14,8 @@
 
 `trainer` is the experiment's trainer sections as one `RunConfig` (`ExperimentConfig.trainer`): the
 drafter and the draft model train with its data, mesh and train settings, under their own steps, batch,
-objective and optimizer. `zarya_jax.experiment.run` chains them.
+objective and optimizer. `zarya_jax.experiment.plan` binds each to its sections; `zarya_jax.experiment.run`
+runs them.
 """
 from __future__ import annotations
 
