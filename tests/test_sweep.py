@@ -13,6 +13,10 @@ from zarya_jax.eval import tasks
 from zarya_jax.experiment import SMOKE
 
 
+# The default config's stages, which each dry-run line ends with (`zarya_jax.experiment.plan`)
+PLAN = " | data → train → records → drafter → frontier → test → speed → diagnostics → targets"
+
+
 def _dry_run(tmp_path, capsys, spec: dict, *flags) -> tuple[int, list[str], str]:
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -27,7 +31,7 @@ def test_expand_grid_and_runs(tmp_path, capsys):
     code, lines, _ = _dry_run(tmp_path, capsys, spec)
     assert code == 0
     assert [line.split(":")[0] for line in lines] == ["a,lr=0.001", "a,lr=0.002", "b,lr=0.001", "b,lr=0.002"]
-    assert lines[1] == "a,lr=0.002: {'train.steps': 5, 'zarya.alpha0': 0.3, 'optim.lr': 0.002}"
+    assert lines[1] == "a,lr=0.002: {'train.steps': 5, 'zarya.alpha0': 0.3, 'optim.lr': 0.002}" + PLAN
     code, share, _ = _dry_run(tmp_path, capsys, spec, "--host-index", "1", "--num-hosts", "2")
     assert code == 0 and share == [lines[1], lines[3]]
     code, _, err = _dry_run(tmp_path, capsys, spec, "--host-index", "2", "--num-hosts", "2")
@@ -41,12 +45,16 @@ def test_overrides_are_validated(tmp_path, capsys):
                     "eval.knobs.slotted.slot_size": 8}]}
     code, lines, _ = _dry_run(tmp_path, capsys, ok)
     assert code == 0 and lines == ["r: {'eval.knobs.slotted.slot_size': 8, 'zarya.slot_size_set': (4,), "
-                                   "'zarya.slot_step_borders': (1.0,)}"]
+                                   "'zarya.slot_step_borders': (1.0,)}" + PLAN]
     # whole sections are validated too: a slot curriculum needs one border per size
     code, _, err = _dry_run(tmp_path, capsys, {"runs": [{"name": "r", "zarya.slot_size_set": [4]}]})
     assert code == 2 and "one border per slot size" in err
     code, lines, _ = _dry_run(tmp_path, capsys, {"runs": [{"name": "r"}]}, "--set", "eval.knobs.slotted.slot_size=2")
-    assert lines == ["r: {'eval.knobs.slotted.slot_size': 2}"]  # --set reaches every run
+    assert lines == ["r: {'eval.knobs.slotted.slot_size': 2}" + PLAN]  # --set reaches every run
+    # each run's own stages: an AR-only run trains no drafter
+    code, lines, _ = _dry_run(tmp_path, capsys, {"runs": [{"name": "r", "eval.modes": ["ar"]}]})
+    assert lines == ["r: {'eval.modes': ('ar',)} | data → train → records → frontier → test → speed → diagnostics → "
+                     "targets"]
     code, _, err = _dry_run(tmp_path, capsys, {"runs": [{"name": "r", "zarya.slot_sise": 4}]})
     assert code == 2 and "unknown config key 'zarya.slot_sise'" in err and "zarya.slot_size_set" in err
     code, _, err = _dry_run(tmp_path, capsys, {"runs": [{"name": "r", "zaria.alpha0": 0.1}]})
@@ -57,7 +65,7 @@ def test_overrides_are_validated(tmp_path, capsys):
     # error naming its new place (no alias)
     code, lines, _ = _dry_run(tmp_path, capsys, {"runs": [{"name": "r", "drafter.optim.weight_decay": 0.1,
                                                            "draft_model.optim.lr": 1e-4}]})
-    assert code == 0 and lines == ["r: {'draft_model.optim.lr': 0.0001, 'drafter.optim.weight_decay': 0.1}"]
+    assert code == 0 and lines == ["r: {'draft_model.optim.lr': 0.0001, 'drafter.optim.weight_decay': 0.1}" + PLAN]
     code, _, err = _dry_run(tmp_path, capsys, {"runs": [{"name": "r", "drafter.lr": 1e-3}]})
     assert code == 2 and "'drafter.lr' has moved: it is now 'drafter.optim.lr'" in err
 

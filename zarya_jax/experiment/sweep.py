@@ -31,6 +31,7 @@ from ..files import atomic_write, atomic_write_json, check_writable_dir, input_f
 from ..overrides import to_dict
 from ..provenance import provenance
 from .config import ExperimentConfig, comparable, default_config
+from .plan import describe, plan
 from ..eval.results import ModeResult, metrics as metric_fields
 from .results import Report
 from .run import run as run_experiment
@@ -302,10 +303,12 @@ def default_workdir(spec: dict) -> str:
 def dry_run(spec: dict, extra: dict | None = None, host_index: int = 0, num_hosts: int = 1,
             workdir: str | None = None) -> list[str]:
     """Every run's config built and checked, nothing run: one line per run of this host's share, with
-    its overrides as the typed config holds them."""
-    runs = in_workdir(expand(spec), workdir or default_workdir(spec))
+    its overrides as the typed config holds them and the stages it would run (`plan.describe`)."""
+    root = workdir or default_workdir(spec)
+    runs = in_workdir(expand(spec), root)
     run_configs = configs(runs, extra)
-    return [f"{name}: { {k: overrides.get(run_configs[name], k) for k in {**items, **(extra or {})}} }"
+    return [f"{name}: { {k: overrides.get(run_configs[name], k) for k in {**items, **(extra or {})}} } | "
+            f"{describe(plan(run_configs[name], os.path.join(root, name)))}"
             for name, items in my_share(runs, host_index, num_hosts)]
 
 
