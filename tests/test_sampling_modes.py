@@ -68,6 +68,10 @@ def test_traced_fields_are_leaves_and_the_others_the_static_key(name):
     for leaf, field in zip(jax.tree.leaves(arrays), cls.TRACED):
         want = {float: jnp.float32, bool: jnp.bool_, int: jnp.int32, str: jnp.int32}[type(fields[field])]
         assert leaf.dtype == want and leaf.shape == (), field
+        assert isinstance(leaf, np.ndarray), field  # host values stay on the host: no transfer per call
+    # inside a trace the fields are tracers, and stay JAX arrays of the same dtypes
+    traced_leaves = jax.jit(lambda a: jax.tree.leaves(a.arrays()))(arrays)
+    assert [x.dtype for x in traced_leaves] == [x.dtype for x in jax.tree.leaves(arrays)]
 
 
 @dataclasses.dataclass(frozen=True)

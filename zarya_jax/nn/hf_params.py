@@ -13,6 +13,7 @@ Norm scales and the embedding keep their layout. Every move asserts the shape it
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 
@@ -155,9 +156,15 @@ def leaves(tree, prefix: tuple[str, ...] = ()):
             yield prefix + (key,), value
 
 
+@functools.lru_cache(maxsize=64)
+def expected_shapes(config: ModelConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
+    """{param path: shape} that the config implies (cached: `generate` checks the params on every call)."""
+    return {e.path: stacked_shape(e, config) for e in entries(config)}
+
+
 def check_params(params: dict, config: ModelConfig) -> None:
     """Asserts that `params` has exactly the leaves and shapes the config implies."""
-    want = {e.path: stacked_shape(e, config) for e in entries(config)}
+    want = expected_shapes(config)
     have = dict(leaves(params))
     missing = sorted("/".join(p) for p in set(want) - set(have))
     extra = sorted("/".join(p) for p in set(have) - set(want))

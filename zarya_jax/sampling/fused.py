@@ -372,11 +372,11 @@ def fused_decode(params, lora_params, prompts: Array, lengths: Array, key: Array
 def run(params, tokens: Array, lengths: Array, key: Array, *, config: ModelConfig, gcfg: GenerationConfig,
         debug: bool = False, knobs: Fused | None = None, lora_params=None, lora: LoraConfig | None = None) -> dict:
     """The decoder's run: `fused_decode` with the whole budget and the traced `proposal_temperature` of
-    `knobs`, without the final cache."""
+    `knobs`, its `spec.outputs`."""
     tau = None if knobs is None else knobs.arrays().proposal_temperature
     raw = fused_decode(params, lora_params, tokens, lengths, key, jnp.int32(gcfg.max_new_tokens), tau,
                        config=config, gcfg=gcfg, lora=lora)
-    return {k: v for k, v in raw.items() if k != "cache"}
+    return spec.outputs(raw)
 
 
 def stats(raw: dict, gcfg: GenerationConfig, tokens: np.ndarray, lengths: np.ndarray, out_lengths: np.ndarray) -> dict:

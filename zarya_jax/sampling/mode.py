@@ -87,14 +87,16 @@ class Mode:
         """This mode with every TRACED field an array of its field's type (float → float32, int → int32,
         bool → bool, str → int32 index in `CHOICES[field]`): the form the decoder receives, so one field
         always traces alike (an int given for a float field compiles nothing new). Idempotent, and
-        usable inside a trace."""
+        usable inside a trace. A host value becomes a NumPy scalar (what `generate` hands its program on
+        every call: cheaper than a device array), a traced or device value stays a JAX array."""
         hints = _hints(type(self))
         out = {}
         for f in self.TRACED:
             value = getattr(self, f)
             if hints[f] is str and isinstance(value, str):
                 value = self.CHOICES[f].index(value)
-            out[f] = jnp.asarray(value, _DTYPES[hints[f]])
+            dtype = _DTYPES[hints[f]]
+            out[f] = jnp.asarray(value, dtype) if isinstance(value, jax.Array) else np.asarray(value, dtype)
         return dataclasses.replace(self, **out)
 
     def knob_name(self, field: str) -> str:

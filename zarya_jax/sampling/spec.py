@@ -562,17 +562,27 @@ def check(config: ModelConfig, gcfg: GenerationConfig, lora_params, lora: LoraCo
     check_lora(lora_params, config, lora)
 
 
+# What a decode loop returns for a caller that continues it (the caches, the seed, its position, the next
+# drafts) and `generate` does not read: each output of its program is one more host transfer per call.
+LOOP_STATE = frozenset({"cache", "draft_cache", "seed", "positions", "drafts"})
+
+
+def outputs(raw: dict) -> dict:
+    """`raw` without `LOOP_STATE`: what a speculative decoder's run hands `generate`."""
+    return {k: v for k, v in raw.items() if k not in LOOP_STATE}
+
+
 def run(params, tokens: Array, lengths: Array, key: Array, *, config: ModelConfig, gcfg: GenerationConfig,
         debug: bool = False, knobs: SpecSelf | SpecLora | None = None, lora_params=None,
         lora: LoraConfig | None = None) -> dict:
     """The decoder's run: `spec_decode` with the whole budget (at most `max_new_tokens` cycles) and the
     traced `draft_when_active_below` (None: every cycle drafts) and `proposal_temperature` of `knobs`,
-    without the final cache."""
+    its `outputs`."""
     knobs = None if knobs is None else knobs.arrays()
     below, tau = (None, None) if knobs is None else (knobs.draft_when_active_below, knobs.proposal_temperature)
     raw = spec_decode(params, lora_params, tokens, lengths, key, jnp.int32(gcfg.max_new_tokens), below, tau,
                       config=config, gcfg=gcfg, lora=lora)
-    return {k: v for k, v in raw.items() if k != "cache"}
+    return outputs(raw)
 
 
 def stats(raw: dict, gcfg: GenerationConfig, tokens: np.ndarray, lengths: np.ndarray, out_lengths: np.ndarray) -> dict:

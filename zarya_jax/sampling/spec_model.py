@@ -210,11 +210,11 @@ def run(params, tokens: Array, lengths: Array, key: Array, *, config: ModelConfi
         debug: bool = False, knobs: SpecModel | None = None, draft_params=None,
         draft_config: ModelConfig | None = None) -> dict:
     """The decoder's run: `spec_model_decode` with the whole budget and the traced `proposal_temperature` of
-    `knobs`, without the final caches."""
+    `knobs`, its `spec.outputs`."""
     tau = None if knobs is None else knobs.arrays().proposal_temperature
     raw = spec_model_decode(params, draft_params, tokens, lengths, key, jnp.int32(gcfg.max_new_tokens), tau,
                             config=config, draft_config=draft_config, gcfg=gcfg)
-    return {k: v for k, v in raw.items() if k not in ("cache", "draft_cache")}
+    return spec.outputs(raw)
 
 
 def stats(raw: dict, gcfg: GenerationConfig, tokens: np.ndarray, lengths: np.ndarray, out_lengths: np.ndarray) -> dict:
