@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import types
 from collections.abc import Mapping
 
 import numpy as np
@@ -157,9 +158,10 @@ def leaves(tree, prefix: tuple[str, ...] = ()):
 
 
 @functools.lru_cache(maxsize=64)
-def expected_shapes(config: ModelConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
-    """{param path: shape} that the config implies (cached: `generate` checks the params on every call)."""
-    return {e.path: stacked_shape(e, config) for e in entries(config)}
+def expected_shapes(config: ModelConfig) -> Mapping[tuple[str, ...], tuple[int, ...]]:
+    """{param path: shape} that the config implies, read-only: cached and shared by every caller (`generate`
+    checks the params on every call)."""
+    return types.MappingProxyType({e.path: stacked_shape(e, config) for e in entries(config)})
 
 
 def check_params(params: dict, config: ModelConfig) -> None:
