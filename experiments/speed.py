@@ -15,7 +15,8 @@ times each choice against AR on test (docs/decoding.md#knobs-chosen-for-time). N
 no accuracy is measured again; the lossless modes decode AR's tokens, so the choice changes speed only.
 
 `--set FIELD=VALUE` sets a field of the `speed` section (default: the experiment's own; list below),
-e.g. `batches=[1,8,64]`, `confirm=8` (how many predicted-fastest points race AR), `examples`, `repeats`.
+e.g. `batches=[1,8,64]`, `confirm=8` (how many predicted-fastest points race AR), `examples`, `repeats`,
+`margin=0.1` (a candidate replaces AR only if at least 1.1× AR's tokens/s in every round).
 Every (batch, window) of the pass-cost curve and every timed candidate at every batch size is a program
 to compile: seconds each on a CPU, 4–17 s each for the quickstart's model on an H200, so the default
 (every lossless frontier point priced, 3 per batch size timed) compiles dozens of programs.

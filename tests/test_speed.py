@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 from zarya_jax.eval.results import FrontierPoint
-from zarya_jax.eval.speed import BatchChoice, Candidate, SpeedChoice, SpeedConfig, predict, to_time
+from zarya_jax.eval.speed import BatchChoice, Candidate, SpeedChoice, SpeedConfig, measured, pick, predict, to_time
 from zarya_jax.config import ConfigError
 from zarya_jax.sampling import GenerationConfig, passes
 from zarya_jax.sampling.modes import mode
@@ -56,6 +56,28 @@ def test_every_mode_has_its_fastest_predicted_point_timed():
     assert to_time(cands, 6) == cands and to_time(cands[:1], 3) == cands[:1]
 
 
+def test_a_candidate_replaces_ar_only_by_beating_it_in_every_round():
+    """Per round a candidate's speed-up is its tokens/s over AR's in that round; it replaces AR only if it is
+    at least 1 + margin in each round, and among those the greatest median wins. One lucky round (the
+    best-of-rounds ratio says 1.5×) does not make a choice."""
+    cand = lambda m, f: Candidate(m, {"draft_length": f}, f"F={f}", 2.0, 1.0)  # noqa: E731
+    timed = [Candidate("ar", {}, "", 1.0, 1.0), cand("spec-self", 4), cand("spec-lora", 4), cand("spec-self", 8)]
+    tps = [[100.0, 90.0, 100.0],     # AR, its speed varying between rounds
+           [150.0, 85.0, 104.0],     # 1.5×, 0.94×, 1.04×: best over best 1.5×, but it lost a round
+           [112.0, 99.0, 111.0],     # 1.12×, 1.1×, 1.11×
+           [108.0, 108.0, 140.0]]    # 1.08×, 1.2×, 1.4×: the greatest median, the worst round 1.08×
+    out = measured(timed, tps)
+    assert out[1].tokens_per_s == 150.0 and out[1].ar_tokens_per_s == 100.0
+    assert out[1].round_speedups == pytest.approx([1.5, 85 / 90, 1.04])
+    assert out[1].speedup == pytest.approx(1.04)                      # the median round
+    assert out[0].round_speedups == [1.0, 1.0, 1.0] and out[0].speedup == 1.0
+    assert [c.beats_ar(0.05) for c in out] == [False, False, True, True]
+    assert pick(out, 0.05) == out[3] and pick(out, 0.0) == out[3]    # median 1.2 over 1.11
+    assert pick(out, 0.09) == out[2]                                  # spec-self F=8's worst round is 1.08×
+    assert pick(out, 0.2) == out[0]                                   # nobody wins by 20% every round: AR
+    assert not Candidate("ar", {}, "", 1.0, 1.0).beats_ar(0.0)      # untimed: never chosen over AR
+
+
 def choice():
     cand = lambda m, s, **k: Candidate(m, k, "", 1.0, s, 100.0 * s, 100.0)
     ar = cand("ar", 1.0)
@@ -88,7 +110,9 @@ def test_mode_for_takes_the_nearest_calibrated_batch(tmp_path):
 
 def test_config_is_checked():
     for bad, what in (({"batches": ()}, "speed.batches"), ({"batches": (0,)}, "speed.batches"),
-                      ({"confirm": 0}, "speed.confirm"), ({"repeats": 1.5}, "speed.repeats")):
+                      ({"confirm": 0}, "speed.confirm"), ({"repeats": 1.5}, "speed.repeats"),
+                      ({"margin": -0.1}, "speed.margin"), ({"margin": 1.0}, "speed.margin"),
+                      ({"margin": "5%"}, "speed.margin"), ({"margin": True}, "speed.margin")):
         with pytest.raises(ConfigError, match=what):
             SpeedConfig(**bad)
 

@@ -8,13 +8,16 @@ depends on the pass's rows and the batch. So, after the validation frontier:
 2. each lossless frontier point's predicted speed-up over AR at batch b: its tokens per forward over AR's,
    times AR's pass cost over its mean pass cost: (tpf / tpf_AR) · c(b, 1) / mean over its passes of c(b, W);
 3. per batch size, AR, the `confirm` points predicted fastest and each lossless mode's point predicted
-   fastest (`to_time`) are timed on the validation prompts at that batch (taking turns, best of `repeats`),
-   and the fastest measured is chosen. The prediction ignores what a cycle does besides its passes
+   fastest (`to_time`) are timed on the validation prompts at that batch, `repeats` rounds in which they
+   take turns; a candidate's speed-up in a round is its tokens/s over AR's in that round. A candidate
+   replaces AR only if it beats AR by at least `margin` in every round (`beats_ar`): on a busy machine
+   one lucky round is within the noise, a win in each of several side-by-side rounds is not. Among AR
+   and those, the greatest median speed-up is chosen. The prediction ignores what a cycle does besides its passes
    (sampling, acceptance, the cache commit, the loop: the AR loop's step costs more than its one-row
    pass, a fused cycle more than its window) and the prefill, and what it leaves out differs by mode; the
    measurement does not, and timing every mode's best keeps one mode's optimism from crowding out the
-   others. AR is always a candidate, so the choice is never slower than AR on validation beyond the
-   timing noise.
+   others. AR is always a candidate, so the choice is never slower than AR on validation, and a
+   configuration that won by less than the margin in some round is not chosen.
 
 `SpeedChoice` holds the curve, every candidate's prediction (and measurement where timed) and the choice
 per batch size. Saved as `eval/speed.json`, it is what `experiments.generate --mode auto --speed FILE`
@@ -54,7 +57,10 @@ class SpeedConfig:
       lossless mode's point predicted fastest.
     examples: validation prompts timed per candidate (rounded down to a multiple of the batch, at least
       one batch).
-    repeats: timed runs per candidate (the best counts); the first, untimed, compiles.
+    repeats: timed rounds, the candidates taking turns in each (their best tokens/s is reported; the
+      speed-up over AR is read per round); an untimed decode before the first compiles.
+    margin: the fraction by which a candidate must beat AR in every round to replace it (0.05: at least
+      1.05× AR's tokens/s in each; 0: any win in every round).
     """
 
     enabled: bool = True
@@ -62,6 +68,7 @@ class SpeedConfig:
     confirm: int = 3
     examples: int = 50
     repeats: int = 3
+    margin: float = 0.05
 
     def __post_init__(self):
         object.__setattr__(self, "batches", tuple(self.batches))
@@ -71,12 +78,16 @@ class SpeedConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"speed.{name}={value!r}: expected an integer ≥ 1")
+        m = self.margin
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0.0 <= m < 1.0:
+            raise ConfigError(f"speed.margin={m!r}: expected a fraction of AR's tokens/s in [0, 1)")
 
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
     """One lossless configuration at one batch size: its validation tokens per forward, its predicted
-    speed-up over AR from the pass-cost curve and, when timed, its tokens/s and AR's on validation."""
+    speed-up over AR from the pass-cost curve and, when timed, its best tokens/s and AR's on validation
+    and its speed-up over AR in each timed round (`round_speedups`: tokens/s over AR's in that round)."""
 
     mode: str
     knobs: dict
@@ -85,11 +96,19 @@ class Candidate:
     predicted_speedup: float
     tokens_per_s: float | None = None
     ar_tokens_per_s: float | None = None
+    round_speedups: list[float] | None = None
 
     @property
     def speedup(self) -> float | None:
-        """Measured tokens/s over AR's (None when not timed)."""
+        """The measured speed-up over AR: the median of the rounds' (a table saved without them: best
+        tokens/s over AR's best); None when not timed."""
+        if self.round_speedups:
+            return float(np.median(self.round_speedups))
         return None if self.tokens_per_s is None or not self.ar_tokens_per_s else self.tokens_per_s / self.ar_tokens_per_s
+
+    def beats_ar(self, margin: float) -> bool:
+        """Timed, and at least (1 + margin)× AR's tokens/s in every round (module doc, step 3)."""
+        return bool(self.round_speedups) and min(self.round_speedups) >= 1.0 + margin
 
     def mode_object(self) -> Mode:
         return modes_lib.mode(self.mode, **self.knobs)
@@ -129,13 +148,15 @@ class BatchChoice:
 
 @dataclasses.dataclass(frozen=True)
 class SpeedChoice:
-    """Per calibrated batch size the fastest lossless configuration, with the device it was measured on
-    and the pass-cost curve the prediction used ({batch, window, ms_per_pass, …} rows)."""
+    """Per calibrated batch size the fastest lossless configuration, with the device it was measured on,
+    the pass-cost curve the prediction used ({batch, window, ms_per_pass, …} rows) and the margin a
+    candidate had to beat AR by in every round."""
 
     device: str
     costs: list[dict]
     choices: list[BatchChoice]
     max_new_tokens: int
+    margin: float = 0.0
 
     def mode_for(self, batch: int) -> tuple[Mode, BatchChoice]:
         """The mode (with its knobs) chosen at the calibrated batch size nearest to `batch` (in ratio; a tie
@@ -152,7 +173,7 @@ class SpeedChoice:
 
     def to_json(self) -> dict:
         return {"device": self.device, "costs": self.costs, "choices": [c.to_json() for c in self.choices],
-                "max_new_tokens": self.max_new_tokens}
+                "max_new_tokens": self.max_new_tokens, "margin": self.margin}
 
     @classmethod
     def from_json(cls, data: dict) -> "SpeedChoice":
@@ -241,12 +262,27 @@ def curve(model: Inference, points: list[FrontierPoint], prompts: list[list[int]
 
 
 def race(model: Inference, prompts: list[list[int]], cands: list[Candidate], max_new_tokens: int, batch: int,
-         repeats: int, seed: int = 0, label: str | None = None) -> list[float]:
-    """Each candidate's best tokens/s over `repeats` rounds of decoding `prompts` at `batch`, taking turns
-    (`evaluate.race`, whose progress `label` it is: None, no progress)."""
+         repeats: int, seed: int = 0, label: str | None = None) -> list[list[float]]:
+    """Each candidate's tokens/s in each of `repeats` rounds of decoding `prompts` at `batch`, the
+    candidates taking turns within a round (`evaluate.race`, whose progress `label` it is: None, no
+    progress); the first round compiles each program in an untimed decode first."""
     gens = [(c.mode, generation_config(c.mode, max_new_tokens, {c.mode: c.knobs})) for c in cands]
-    return [d.tokens_per_s for d in evaluate_lib.race(model, prompts, gens, batch, repeats, jax.random.PRNGKey(seed),
-                                                      label)]
+    rounds = [[d.tokens_per_s for d in evaluate_lib.race(model, prompts, gens, batch, 1, jax.random.PRNGKey(seed),
+                                                         label, warmup=r == 0)] for r in range(repeats)]
+    return [list(per) for per in zip(*rounds)]
+
+
+def measured(cands: list[Candidate], tps: list[list[float]]) -> list[Candidate]:
+    """`cands` (AR first) with their timings: `race`'s per-round tokens/s, AR's in the same rounds."""
+    ar = tps[0]
+    return [dataclasses.replace(c, tokens_per_s=max(t), ar_tokens_per_s=max(ar),
+                                round_speedups=[x / a for x, a in zip(t, ar)]) for c, t in zip(cands, tps)]
+
+
+def pick(timed: list[Candidate], margin: float) -> Candidate:
+    """AR (`timed[0]`) unless a candidate beats it by `margin` in every round; then, of those, the
+    greatest median speed-up (module doc, step 3)."""
+    return max([timed[0]] + [c for c in timed[1:] if c.beats_ar(margin)], key=lambda c: c.speedup)
 
 
 def timed_prompts(prompts: list[list[int]], batch: int, examples: int) -> list[list[int]]:
@@ -272,10 +308,10 @@ def choose(model: Inference, points: list[FrontierPoint], val_records: list[dict
         timed = to_time(cands, sc.confirm)
         tps = race(model, timed_prompts(prompts, b, sc.examples), timed, ev.max_new_tokens, b, sc.repeats, ev.seed,
                    f"at batch {b} (validation)" if progress else None)
-        measured = [dataclasses.replace(c, tokens_per_s=t, ar_tokens_per_s=tps[0]) for c, t in zip(timed, tps)]
-        ranked = measured + [c for c in cands if c not in timed]
-        choices.append(BatchChoice(batch=b, chosen=max(measured, key=lambda c: c.tokens_per_s), candidates=ranked))
-    return SpeedChoice(device=device_name(), costs=costs, choices=choices, max_new_tokens=ev.max_new_tokens)
+        ranked = measured(timed, tps) + [c for c in cands if c not in timed]
+        choices.append(BatchChoice(batch=b, chosen=pick(ranked[:len(timed)], sc.margin), candidates=ranked))
+    return SpeedChoice(device=device_name(), costs=costs, choices=choices, max_new_tokens=ev.max_new_tokens,
+                       margin=sc.margin)
 
 
 def time_on_test(model: Inference, choice: SpeedChoice, records: list[dict], ev: EvalConfig,
@@ -289,7 +325,7 @@ def time_on_test(model: Inference, choice: SpeedChoice, records: list[dict], ev:
         pair = [ar] if c.chosen.mode == "ar" else [ar, c.chosen]
         tps = race(model, timed_prompts(prompts, c.batch, sc.examples), pair, ev.max_new_tokens, c.batch,
                    sc.repeats, ev.seed, f"at batch {c.batch} (test)" if progress else None)
-        out.append(dataclasses.replace(c, test_tokens_per_s=tps[-1], test_ar_tokens_per_s=tps[0]))
+        out.append(dataclasses.replace(c, test_tokens_per_s=max(tps[-1]), test_ar_tokens_per_s=max(tps[0])))
     return dataclasses.replace(choice, choices=out)
 
 
@@ -310,15 +346,16 @@ def markdown(choice: SpeedChoice) -> str:
 
 
 def candidates_markdown(choice: SpeedChoice) -> str:
-    """Every timed candidate per batch size: its tokens per forward, predicted and measured (validation)
-    speed-up over AR; the chosen one marked."""
-    lines = ["| batch | candidate | tokens / forward | predicted vs AR | tokens / s on validation | validation vs AR |",
-             "|---|---|---|---|---|---|"]
+    """Every timed candidate per batch size: its tokens per forward, predicted and measured (validation:
+    the median and each round's) speed-up over AR; the chosen one marked."""
+    lines = ["| batch | candidate | tokens / forward | predicted vs AR | tokens / s on validation | validation vs AR "
+             "| per round |", "|---|---|---|---|---|---|---|"]
     for c in choice.choices:
         for x in c.candidates:
             if x.tokens_per_s is None:
                 continue
             mark = " **(chosen)**" if x == c.chosen else ""
             lines.append(f"| {c.batch} | {x.mode} {x.point or ''}{mark} | {x.tokens_per_forward:.2f} | "
-                         f"{x.predicted_speedup:.2f}× | {x.tokens_per_s:.0f} | {x.speedup:.2f}× |")
+                         f"{x.predicted_speedup:.2f}× | {x.tokens_per_s:.0f} | {x.speedup:.2f}× | "
+                         f"{' '.join(f'{r:.2f}' for r in x.round_speedups or [])} |")
     return "\n".join(lines)

@@ -77,8 +77,9 @@ def report_markdown(report: Report) -> str:
         lines += ["", "## Fastest lossless configuration per batch size", "",
                   f"Chosen per batch size among AR and the lossless frontier points (`zarya_jax.eval.speed`): "
                   f"predicted from the pass-cost curve on {report.speed.device} and the points' tokens per forward, "
-                  "the best predicted timed against AR on validation, the fastest measured chosen; then timed "
-                  "side by side with AR on test (`eval/speed.json`: every candidate and the curve).", "",
+                  "the best predicted timed against AR on validation in rounds, AR kept unless a candidate beat it "
+                  f"by at least {report.speed.margin:.0%} in every round; then timed side by side with AR on test "
+                  "(`eval/speed.json`: every candidate, its speed-up per round, and the curve).", "",
                   speed.markdown(report.speed)]
     if report.diagnostics:
         lines += ["", "## Diagnostics (test split)", "", diagnose.markdown(report.diagnostics)]
