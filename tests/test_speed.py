@@ -11,7 +11,7 @@ from zarya_jax.eval.speed import BatchChoice, Candidate, SpeedChoice, SpeedConfi
 from zarya_jax.config import ConfigError
 from zarya_jax.sampling import GenerationConfig, passes
 from zarya_jax.sampling.modes import mode
-from zarya_jax.timing import once_s
+from zarya_jax.timing import loop_slope_ms, once_s
 
 
 def point(name, tpf, **knobs):
@@ -132,3 +132,22 @@ def test_pass_cost_curve_matches_a_plain_timing(tiny_config, tiny_params):
     best = min(once_s(lambda: step(cache)) for _ in range(5))
     assert 0.05 < rows[1]["ms_per_pass"] / (1e3 * best) < 20
     assert rows[1]["ms_per_pass"] > 0.5 * rows[0]["ms_per_pass"]
+
+
+def test_loop_slope_raises_the_count_until_the_difference_is_long_enough():
+    """`timing.loop_slope_ms` times 1 against 1 + n iterations, n raised ×8 from its start until the n
+    iterations take `min_s`: with 0.1 ms iterations and 5 ms, 8 → 64; then the slope is the iteration's."""
+    import time
+    budgets = []
+
+    def run(n):  # a stand-in for a compiled loop: 0.1 ms per iteration, its count the argument
+        budgets.append(n)
+        time.sleep(1e-4 * n)
+        return jnp.zeros(())
+
+    ms = loop_slope_ms(run, repeats=2, calls=8, min_s=0.005)
+    assert max(budgets) == 65 and 9 in budgets and 513 not in budgets
+    assert 0.05 < ms < 0.3
+    budgets.clear()
+    loop_slope_ms(run, repeats=1, calls=8, min_s=0.005, max_calls=8)  # the cap: no calibration beyond it
+    assert max(budgets) == 9

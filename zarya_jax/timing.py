@@ -36,3 +36,21 @@ def slope_ms(run: Callable[[int], Any], steps: Callable[[Any, int], int], lo: in
         for budget in best:
             best[budget] = min(best[budget], once_s(lambda: run(budget)))  # noqa: B023 (called here)
     return 1e3 * (best[hi] - best[lo]) / (n_hi - n_lo), n_hi, out_hi
+
+
+def loop_slope_ms(run: Callable[[int], Any], repeats: int, calls: int = 8, min_s: float = 0.005,
+                  max_calls: int = 1 << 18) -> float:
+    """ms per iteration of a compiled loop `run(n)` whose iteration count `n` is traced (one program for every
+    count): `slope_ms` between 1 and 1 + `calls` iterations, `calls` first raised ×8 until the long run
+    takes at least `min_s` longer than the short one (one try each, up to `max_calls`). A fixed count that
+    is short next to a call's jitter (tenths of a ms on a busy CPU) lets one disturbed run move the slope
+    by half; a difference of several ms keeps it to a few percent."""
+    while calls < max_calls and _longer_s(run, calls) < min_s:
+        calls *= 8
+    return slope_ms(run, lambda _, n: n, 1, 1 + calls, repeats)[0]
+
+
+def _longer_s(run: Callable[[int], Any], calls: int) -> float:
+    """Seconds `run(1 + calls)` takes longer than `run(1)` (one try each: a calibration; the first call compiles)."""
+    jax.block_until_ready(run(1 + calls))
+    return once_s(lambda: run(1 + calls)) - once_s(lambda: run(1))

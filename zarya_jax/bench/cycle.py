@@ -43,7 +43,7 @@ from ..nn import kv_cache
 from ..sampling import GenerationConfig, ar, decoding, generate, spec
 from ..sampling.modes import mode as mode_of
 from ..sampling.prompts import pad_prompts
-from ..timing import once_s, slope_ms
+from ..timing import loop_slope_ms, slope_ms
 from .results import markdown_table
 from .train import model_config
 
@@ -200,23 +200,14 @@ def loop_program(fn: Callable, feed: Callable) -> Callable:
     return jax.jit(loop)
 
 
-def longer(run: Callable[[int], Any], calls: int) -> float:
-    """Seconds a loop `run(n)` takes longer at 1 + `calls` iterations than at 1 (one try each: a calibration)."""
-    jax.block_until_ready(run(1 + calls))  # the first call compiles (`n` is traced: one program for every count)
-    return once_s(lambda: run(1 + calls)) - once_s(lambda: run(1))
-
-
 def looped_ms(step: Step, repeats: int) -> float:
-    """ms per call of `step` in a compiled loop of its own, timed as the cycle's loop is (the slope between 1
-    and 1 + n iterations, n from `LOOP_CALLS` up until the difference is `LOOP_S`): no dispatch or argument
-    handling per call, which on a CPU costs a model pass called alone tens of µs; the weights are arguments,
-    as in the cycle (not constants of the program)."""
+    """ms per call of `step` in a compiled loop of its own, timed as the cycle's loop is (`timing.loop_slope_ms`:
+    the slope between 1 and 1 + n iterations, n from `LOOP_CALLS` up until the difference is `LOOP_S`): no
+    dispatch or argument handling per call, which on a CPU costs a model pass called alone tens of µs; the
+    weights are arguments, as in the cycle (not constants of the program)."""
     program = loop_program(step.fn, step.feed)
-    run = lambda n: program(step.weights, step.args, jnp.int32(n))  # noqa: E731
-    calls = LOOP_CALLS
-    while calls < MAX_LOOP_CALLS and longer(run, calls) < LOOP_S:
-        calls *= 8  # too short to time: more iterations (one program, `n` is traced)
-    return slope_ms(run, lambda _, n: n, 1, 1 + calls, repeats)[0]
+    return loop_slope_ms(lambda n: program(step.weights, step.args, jnp.int32(n)), repeats, LOOP_CALLS, LOOP_S,
+                         MAX_LOOP_CALLS)
 
 
 def padded(subject: Subject, b: int, gc: GenerationConfig) -> tuple[jax.Array, jax.Array]:

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from ..nn import kv_cache
-from ..timing import slope_ms
+from ..timing import loop_slope_ms
 from .. import model as model_lib
 from . import ar, decoding, fused, mdm, slotted, spec, spec_model
 from .config import GenerationConfig
@@ -80,14 +80,14 @@ def cycle_windows(gcfg: GenerationConfig) -> tuple[int, ...] | None:
 
 
 def pass_costs(params, config, batches, windows, context: int, repeats: int, passes: int = 8,
-               on_row=None) -> list[dict]:
+               on_row=None, min_s: float = 0.01) -> list[dict]:
     """The pass-cost curve: ms per cached pass of W rows at batch b, for each (batch, window), against a cache
     of `context` committed rows. Passes run in one compiled loop (`_repeated_pass`: each reads the cache and
-    commits its window, as a decode loop's pass does), timed at 1 and at 1 + `passes` passes
-    (`timing.slope_ms`, best of `repeats` each): the slope is a pass without the call's dispatch and
-    transfers. Rows: {batch, window, ms_per_pass,
-    vs_window_1 (the ratio to the batch's first window), ms_per_token_row}; `on_row(row)` is told each
-    one as it is measured (one compiled program each)."""
+    commits its window, as a decode loop's pass does), timed at 1 and at 1 + n passes (`timing.loop_slope_ms`,
+    best of `repeats` each; n from `passes` up, ×8 at a time, until the n passes take `min_s`): the slope is
+    a pass without the call's dispatch and transfers, and the n passes' time is well above a call's jitter.
+    Rows: {batch, window, ms_per_pass, vs_window_1 (the ratio to the batch's first window), ms_per_token_row};
+    `on_row(row)` is told each one as it is measured (one compiled program each)."""
     out = []
     for b in batches:
         base = None
@@ -97,7 +97,7 @@ def pass_costs(params, config, batches, windows, context: int, repeats: int, pas
             tokens = jnp.zeros((b, w), jnp.int32)
 
             run = lambda n: _repeated_pass(params, cache, tokens, jnp.int32(n), config=config)  # noqa: E731
-            ms = max(slope_ms(run, lambda _, n: n, 1, 1 + passes, repeats)[0], 1e-6)
+            ms = max(loop_slope_ms(run, repeats, passes, min_s), 1e-6)
             base = base or ms
             out.append({"batch": b, "window": w, "ms_per_pass": ms, "vs_window_1": ms / base,
                         "ms_per_token_row": ms / w})
