@@ -308,8 +308,9 @@ def choose(model: Inference, points: list[FrontierPoint], val_records: list[dict
         timed = to_time(cands, sc.confirm)
         tps = race(model, timed_prompts(prompts, b, sc.examples), timed, ev.max_new_tokens, b, sc.repeats, ev.seed,
                    f"at batch {b} (validation)" if progress else None)
-        ranked = measured(timed, tps) + [c for c in cands if c not in timed]
-        choices.append(BatchChoice(batch=b, chosen=pick(ranked[:len(timed)], sc.margin), candidates=ranked))
+        done = measured(timed, tps)
+        ranked = done + [c for c in cands if c not in timed]
+        choices.append(BatchChoice(batch=b, chosen=pick(done, sc.margin), candidates=ranked))
     return SpeedChoice(device=device_name(), costs=costs, choices=choices, max_new_tokens=ev.max_new_tokens,
                        margin=sc.margin)
 
