@@ -6,6 +6,7 @@
     python -m experiments.quickstart --minutes 20          # pick the step count for a time budget
     python -m experiments.quickstart --ckpt runs/quickstart/train/final   # evaluate an existing checkpoint
     python -m experiments.quickstart --smoke               # seconds: the pipeline end to end, tiny
+    python -m experiments.quickstart --task long --workdir runs/quickstart_long   # worked solutions, 123–271 tokens
 
 The pipeline is `zarya_jax.experiment.run` (docs/experiments.md): (1) write the task's train /
 validation / test JSONL (`zarya_jax.eval.tasks`, byte tokenizer); (2) train with slotted training and
@@ -36,6 +37,7 @@ from zarya_jax import experiment, overrides
 from zarya_jax.data.tokenizer import load_tokenizer, model_vocab
 from zarya_jax.eval import tasks
 from zarya_jax.eval.evaluate import parse_modes
+from zarya_jax.experiment.config import LONG_TASK
 from zarya_jax.experiment.report import report_markdown
 from zarya_jax.lock import workdir_lock
 
@@ -57,7 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ckpt", default=None, help="evaluate this checkpoint; skip training")
     p.add_argument("--modes", default=None, help=f"decoding modes (default {','.join(experiment.DEFAULT_MODES)}; with "
                    f"--objective ar {','.join(experiment.UNO_MODES)})")
-    p.add_argument("--difficulty", type=int, default=None, choices=sorted(tasks.DIFFICULTY))
+    p.add_argument("--task", default=None, choices=sorted(tasks.TASKS),
+                   help="arith (default: terse answers, ~22 tokens) or long (worked solutions of 123–271 tokens, "
+                   f"for speed-up against answer length; sets {', '.join(f'{k}={v}' for k, v in LONG_TASK.items())})")
+    p.add_argument("--difficulty", type=int, default=None, choices=sorted(tasks.DIFFICULTY),
+                   help="the task's difficulty preset (the long task has 1 only)")
     p.add_argument("--smoke", action="store_true", help="a seconds-long run of the whole pipeline (tests)")
     cli.add_set_flag(p, "eval.knobs.slotted.slot_size=8")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -72,6 +78,7 @@ def config_from_args(args) -> experiment.ExperimentConfig:
     """The defaults, then --smoke, then the flags, then --set (later wins)."""
     # Uno's setting (`--objective ar`): the frozen AR model and its LoRA drafter; --smoke shrinks either
     flags = dict(experiment.UNO_DEFAULTS) if args.objective == "ar" else {}
+    flags.update(LONG_TASK if args.task == "long" else {})  # before --smoke, which shrinks the budget too
     flags.update(experiment.SMOKE if args.smoke else {})
     if args.steps is not None:
         if args.steps < 1:

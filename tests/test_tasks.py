@@ -75,3 +75,69 @@ def test_bad_input_errors(tmp_path):
         tasks.read_jsonl(str(tmp_path / "missing.jsonl"))
     assert tasks_cli.main(["--out", str(tmp_path / "x"), "--train", "-1"]) == 2  # python -m experiments.tasks
     assert not (tmp_path / "x" / "train.jsonl").exists()
+
+
+# The long-answer task (`task="long"`): worked solutions, one sentence per step.
+WORKED_STEP = re.compile(r"[A-Z][a-z]+ (bought|found|got|gave away|lost|sold) (\d+) [a-z]+: (\d+) ([+-]) (\d+) = (\d+)\.")
+
+
+def test_long_task_worked_solutions_recomputed_and_sized():
+    from zarya_jax.data.tokenizer import load_tokenizer
+    tok = load_tokenizer("byte")  # the quickstart's tokenizer
+    cfg = tasks.LONG_DIFFICULTY[1]
+    records = tasks.generate(400, seed=7, task="long")
+    lengths = [len(tok.encode(r["answer"])) for r in records]
+    assert 100 <= min(lengths) and max(lengths) <= 300  # 123–271 over 20k problems (the preset's comment)
+    assert max(lengths) - min(lengths) > 80  # a spread of answer lengths, for speed-up against length
+    for record in records:
+        value, short_lines = recompute(record["prompt"])
+        lines = record["answer"].split("\n")
+        assert lines[-1] == f"#### {value}" and lines[-2].startswith("So ") and lines[-2].endswith(f" has {value} "
+                                                                                                    f"{lines[0].split()[3]}")
+        steps = [WORKED_STEP.fullmatch(line) for line in lines[1:-2]]
+        assert all(steps) and cfg.min_steps <= len(steps) <= cfg.max_steps
+        # each sentence's equation is the short task's line for that step, the running total carried on
+        assert [f"{m[3]}{m[4]}{m[5]}={m[6]}" for m in steps] == short_lines
+        assert answers.reference(record["answer"]) == str(value)
+        assert answers.is_correct(record["answer"], record["answer"])
+        assert not answers.is_correct(record["answer"].rsplit("####", 1)[0] + f"#### {value + 1}", record["answer"])
+    assert max(len(tok.encode(r["prompt"] + r["answer"])) for r in records) + 1 <= 384  # --task long's data.max_length
+
+
+def test_long_task_deterministic_and_splits_disjoint(tmp_path):
+    a, b = tasks.generate(50, seed=3, task="long"), tasks.generate(50, seed=3, task="long")
+    assert a == b and a != tasks.generate(50, seed=4, task="long")
+    splits = tasks.make_splits(300, 40, seed=0, num_val=20, task="long")
+    prompts = [{r["prompt"] for r in splits[k]} for k in ("train", "val", "test")]
+    assert not prompts[0] & prompts[1] and not prompts[0] & prompts[2] and not prompts[1] & prompts[2]
+    paths = tasks.write_splits(str(tmp_path), 300, 40, seed=0, num_val=20, task="long")
+    assert tasks.read_jsonl(paths["test"]) == splits["test"]
+    assert tasks_cli.main(["--out", str(tmp_path / "cli"), "--task", "long", "--train", "300", "--test", "40",
+                           "--val", "20"]) == 0
+    assert open(tmp_path / "cli" / "train.jsonl").read() == open(paths["train"]).read()
+
+
+def test_unknown_task_is_one_error_line(tmp_path, capsys):
+    with pytest.raises(ValueError, match="unknown task 'nope'"):
+        tasks.generate(1, task="nope")
+    with pytest.raises(ValueError, match="unknown difficulty for task 'long' 4"):
+        tasks.task_config(4, "long")
+    assert tasks_cli.main(["--out", str(tmp_path / "x"), "--task", "nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and "unknown task 'nope'" in err[0]
+    assert not (tmp_path / "x" / "train.jsonl").exists()
+    from experiments import quickstart
+    assert quickstart.main(["--smoke", "--workdir", str(tmp_path / "q"), "--set", "task.name=nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and "unknown task 'nope'" in err[0]
+    assert not (tmp_path / "q").exists()
+
+
+def test_quickstart_long_task_sizes_the_run():
+    from experiments import quickstart
+    config = quickstart.config_from_args(quickstart.build_parser().parse_args(["--task", "long"]))
+    assert config.task.name == "long" and config.data.max_length >= 377 and config.eval.max_new_tokens >= 271
+    lookahead = 16
+    assert config.model.max_position_embeddings >= 98 + config.eval.max_new_tokens + lookahead
+    smoke = quickstart.config_from_args(quickstart.build_parser().parse_args(["--task", "long", "--smoke"]))
+    assert smoke.task.name == "long" and smoke.eval.max_new_tokens == 8  # --smoke still shrinks the budget

@@ -20,7 +20,7 @@ ATTENTION_BACKENDS = ("auto", "dense", "dot_product", "splash")
 # `ModelConfig.remat_policy`: what a rematerialised layer keeps from its forward pass (`model`).
 REMAT_POLICIES = ("full", "dots", "qkv")
 # ModelConfig fields that say how to compute, not what the model is (`ModelConfig.with_runtime_of`).
-RUNTIME_FIELDS = ("dtype", "remat", "remat_policy", "attention", "scan_unroll")
+RUNTIME_FIELDS = ("dtype", "remat", "remat_policy", "attention", "scan_unroll", "cache_block")
 
 
 class ConfigError(ValueError):
@@ -81,6 +81,9 @@ class ModelConfig:
     (attention and elementwise ops are recomputed), `qkv` the post-RoPE q/k/v and the attention output.
     `scan_unroll`: layers per iteration of the layer scan (`num_layers` = fully unrolled: longer compiles,
     sometimes faster steps; the params are stacked either way).
+    `cache_block`: rows of the KV cache a decoding pass reads at a time, only the blocks below the batch's
+    longest live row (`nn.attention.live`); 0 reads the whole allocation densely (`nn.attention.cached`:
+    what the target compiler's cost model can count, a while_loop's body being counted once).
     """
 
     vocab_size: int
@@ -104,6 +107,7 @@ class ModelConfig:
     remat_policy: str = "full"
     attention: str = "auto"
     scan_unroll: int = 1
+    cache_block: int = 256
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -118,6 +122,9 @@ class ModelConfig:
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in _DTYPES:
                 raise ConfigError(f"ModelConfig.{name}={getattr(self, name)!r}: expected one of {sorted(_DTYPES)}")
+        if isinstance(self.cache_block, bool) or not isinstance(self.cache_block, int) or self.cache_block < 0:
+            raise ConfigError(f"ModelConfig.cache_block={self.cache_block!r}: expected an integer ≥ 0 "
+                              "(rows per block of the live cache; 0 = read the whole allocation)")
         if self.attention not in ATTENTION_BACKENDS:
             raise ConfigError(f"ModelConfig.attention={self.attention!r}: expected one of {ATTENTION_BACKENDS}")
         if self.remat_policy not in REMAT_POLICIES:

@@ -128,6 +128,17 @@ def batch_sharded(x: Array) -> Array:
     return jax.lax.with_sharding_constraint(x, spec_for(x.shape, ("batch",) + (None,) * (x.ndim - 1), mesh))
 
 
+def after(tree, x: Array):
+    """`tree` unchanged, whatever `x` holds, but computed from it: a data dependence that orders the caller's
+    cache commit after every layer's read of the cache. Nothing else orders that scatter after the reads: V's
+    window rows are ready before the last layer's attention has read the cache, and the compiler, free to
+    write there, copies the whole cache first so the reads still see the old one (measured on XLA:CPU: K and
+    V copied on every pass, whatever the live rows; an optimization barrier does not keep the order there).
+    `x < -inf` is false for every float, NaN included, and no compiler folds it."""
+    never = x.reshape(-1)[0] < -jnp.inf
+    return jax.tree.map(lambda a: jnp.where(never, jnp.zeros_like(a), a), tree)
+
+
 class Block(nn.Module):
     """One decoder layer: pre-norm GQA attention with q/k RMSNorm before RoPE, pre-norm SwiGLU MLP."""
 
@@ -135,7 +146,10 @@ class Block(nn.Module):
     lora: LoraConfig | None = None
 
     @nn.compact
-    def __call__(self, x, layer_cache, lora_on, positions, window_mask, segment_ids, cache_mask, gate):
+    def __call__(self, x, layer_cache, layer, lora_on, live_cache, positions, window_mask, segment_ids, cache_mask,
+                 gate):
+        """layer_cache: this layer's (K, V) of a cache read densely under `cache_mask`; live_cache: the whole
+        stacked cache {k, v, length, hide} read live (`attention.live`) at index `layer`; at most one is set."""
         c = self.config
         gate = gate & lora_on  # lora_on: bool scalar, this layer carries the adapter (`LoraConfig.layers`)
         x = batch_sharded(x)
@@ -159,10 +173,13 @@ class Block(nn.Module):
         v = checkpoint_name(v, "v")
         if window_mask is None:  # causal within segments: the configured (possibly fused) kernel
             attn = attention.causal(q, k, v, segment_ids, c.attention)
-        elif layer_cache is None:
-            attn = attention.dense(q, k, v, window_mask)
-        else:
+        elif layer_cache is not None:
             attn = attention.cached(q, k, v, *layer_cache, cache_mask, window_mask)
+        elif live_cache is not None:
+            attn = attention.live(q, k, v, live_cache["k"], live_cache["v"], layer, live_cache["length"],
+                                  live_cache["hide"], window_mask, c.cache_block)
+        else:
+            attn = attention.dense(q, k, v, window_mask)
         attn = checkpoint_name(attn, "attention")
         x = x + proj("o_proj", (h, hd), (d,), ("heads", "head_dim", "embed"))(attn, gate)
         y = RMSNorm(c.rms_norm_eps, pdt, name="post_attn_norm")(x)
@@ -189,16 +206,19 @@ class Qwen3(nn.Module):
     @nn.compact
     def __call__(self, tokens: Array, positions: Array | None = None, *, window_mask: Array | None = None,
                  segment_ids: Array | None = None, cache: dict | None = None, cache_mask: Array | None = None,
-                 gate: Array | None = None, return_hidden: bool = False):
+                 cache_hide: Array | None = None, gate: Array | None = None, return_hidden: bool = False):
         """Returns (logits fp32 [b, t, v], window K/V ([layers, b, t, k, q] × 2) or None).
 
         The window's attention over its own physical order is one of:
         segment_ids: int [b, t]: causal within equal ids, 0 = padding (the training mask), served by
           `config.attention`; neither this nor `window_mask`: plainly causal, the same way;
         window_mask: bool [b, t, t], any mask (always the dense kernel).
-        cache: {'k', 'v': [layers, b, k, s, q], 'length': [b]} (`kv_cache`); cache_mask bool [b, t, s]
-        (default: the first `length` rows of each cache row). With a cache the window is causal unless
-        `window_mask` says otherwise (dense kernel).
+        cache: {'k', 'v': [layers, b, k, s, q], 'length': [b]} (`kv_cache`). By default each query sees
+        the first `length` rows of its cache row, but row `cache_hide[b, t]` (int; negative: none), read
+        live (`config.cache_block` rows at a time, only the blocks below the longest row: `attention.live`)
+        or, with `cache_block=0`, densely over the allocation. An explicit cache_mask bool [b, t, s] is
+        read densely, differentiably (the drafter's training windows). With a cache the window is causal
+        unless `window_mask` says otherwise (dense kernel).
         gate: bool [b, t], LoRA on where true (ignored without `lora`).
         """
         c = self.config
@@ -211,13 +231,14 @@ class Qwen3(nn.Module):
             window_mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
         if gate is None:
             gate = jnp.zeros((b, t), bool)
-        layer_caches = None
-        if cache is not None:
+        layer_caches = live_cache = None
+        decoding = cache is not None and cache_mask is None  # the training side's cached windows pass a mask
+        if cache is not None and (cache_mask is not None or c.cache_block == 0):
             layer_caches = (cache["k"], cache["v"])
             if cache_mask is None:
-                s = kv_cache.max_len(cache)
-                valid = jnp.arange(s)[None, :] < cache["length"][:, None]
-                cache_mask = jnp.broadcast_to(valid[:, None, :], (b, t, s))
+                cache_mask = attention.cache_mask(cache["length"], cache_hide, t, kv_cache.max_len(cache))
+        elif cache is not None:
+            live_cache = dict(k=cache["k"], v=cache["v"], length=cache["length"], hide=cache_hide)
 
         embed = self.param("embed", declare(nn.initializers.normal(0.02), ("vocab", "embed")),
                            (c.vocab_size, c.hidden_size), c.jnp_param_dtype)
@@ -230,20 +251,25 @@ class Qwen3(nn.Module):
         # outside `LoraConfig.layers` treats every row as gate-off, i.e. computes the base projection.
         chosen = self.lora.layer_ids(c.num_layers) if self.lora is not None else ()
         lora_on = jnp.asarray([i in chosen for i in range(c.num_layers)], bool)
-        rest = (positions, window_mask, segment_ids, cache_mask, gate)
+        rest = (live_cache, positions, window_mask, segment_ids, cache_mask, gate)
+        layer_ids = jnp.arange(c.num_layers, dtype=jnp.int32)
         if self.stacked:
+            # The live cache is broadcast whole, not scanned: `attention.live` slices its blocks from the stack,
+            # where a scanned slice fed to its loop would be one copy of the layer's whole cache.
             scanned = nn.scan(block, variable_axes={"params": 0, "lora": 0},
                               split_rngs={"params": True, "lora": True},
                               metadata_params={nn.PARTITION_NAME: "layers"},
-                              in_axes=(0, 0) + (nn.broadcast,) * 5, length=c.num_layers, unroll=c.scan_unroll)
-            x, window_kv = scanned(c, self.lora, name="layers")(x, layer_caches, lora_on, *rest)
+                              in_axes=(0, 0, 0) + (nn.broadcast,) * 6, length=c.num_layers, unroll=c.scan_unroll)
+            x, window_kv = scanned(c, self.lora, name="layers")(x, layer_caches, layer_ids, lora_on, *rest)
         else:
             kvs = []
             for i in range(c.num_layers):
                 layer_cache = None if layer_caches is None else tuple(buf[i] for buf in layer_caches)
-                x, kv = block(c, self.lora, name=f"layers_{i}")(x, layer_cache, lora_on[i], *rest)
+                x, kv = block(c, self.lora, name=f"layers_{i}")(x, layer_cache, i, lora_on[i], *rest)
                 kvs.append(kv)
             window_kv = tuple(jnp.stack(parts) for parts in zip(*kvs))
+        if decoding:
+            window_kv = after(window_kv, x)
         x = RMSNorm(c.rms_norm_eps, c.jnp_param_dtype, name="final_norm")(x)
         if return_hidden:
             return x, window_kv

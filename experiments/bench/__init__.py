@@ -9,6 +9,7 @@
     python -m experiments.bench aot         [--target tpu:v5e:4x4 --presets qwen3-1.7b]
     python -m experiments.bench device      [--smoke]
     python -m experiments.bench cycle       [--ckpt CKPT --adapter DIR --data test.jsonl] [--batch 1] [--smoke]
+    python -m experiments.bench live        [--live 1024 --factors 8 --prompt 1024 --new 8192]
 
 Every subcommand writes `<out>/<name>.json` and `<out>/<name>.md` (`--out`, default runs/bench, given
 before or after the subcommand) and prints the Markdown table; every JSON records the code's provenance

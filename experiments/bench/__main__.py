@@ -2,10 +2,11 @@
 
 from . import __doc__ as DOC
 from .. import cli
-from . import aot, cycle, device, forward, generate, harness, plan, spec, train, transforms
+from . import aot, cycle, device, forward, generate, harness, length, live, plan, spec, train, transforms
 
 BENCHMARKS = {"forward": forward, "train": train, "generate": generate, "spec": spec, "transforms": transforms,
-              "plan": plan, "aot": aot, "device": device, "cycle": cycle}
+              "plan": plan, "aot": aot, "device": device, "cycle": cycle,
+              "live": live, "length": length}
 
 
 def main(argv=None) -> int:

@@ -9,6 +9,18 @@ Generation is deterministic from a seed (Python's `random.Random`, stable across
 held-out splits are generated first — test from `seed + 1`, then validation (for choosing decoding
 knobs) from `seed + 2` without the test problems — and their problems are excluded from the training
 split, so the three splits are disjoint. The command line is `python -m experiments.tasks`.
+
+Two tasks (`TASKS`, `task_config(difficulty, task)`): `arith`, the default, with the terse answer above
+(about 22 byte tokens at difficulty 1), and `long`, the same problems with more steps (3–6) and a
+worked solution of one sentence per step, the running total in each (123–271 byte tokens), e.g.
+
+    prompt: "Ann had 7 pens, got 5, gave away 3, found 2. How many now?\n"
+    answer: "Ann had 7 pens.\nAnn got 5 pens: 7 + 5 = 12.\nAnn gave away 3 pens: 12 - 3 = 9.\n
+             Ann found 2 pens: 9 + 2 = 11.\nSo Ann has 11 pens.\n#### 11"
+
+It ends in the same `#### N` line (`answers.extract`), so it is scored alike; with answers that long a
+batch-1 decode is mostly decoding rather than prefill, where a speculative mode's speed-up per cycle
+shows (`zarya_jax.eval.length`).
 """
 from __future__ import annotations
 
@@ -28,6 +40,7 @@ ADD_PHRASES = ("bought {n}", "found {n}", "got {n}")
 SUB_PHRASES = ("gave away {n}", "lost {n}", "sold {n}")
 MUL_PHRASES = ("then had {n} times as many",)
 OP_SYMBOL = {"add": "+", "sub": "-", "mul": "*"}
+SOLUTIONS = ("short", "worked")  # an answer's form: one `a+b=c` line per step, or a sentence per step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +53,7 @@ class TaskConfig:
     max_operand: int = 9
     ops: tuple[str, ...] = ("add", "sub")
     max_multiplier: int = 3
+    solution: str = "short"
 
     def __post_init__(self):
         if not 1 <= self.min_steps <= self.max_steps:
@@ -51,6 +65,8 @@ class TaskConfig:
             raise ValueError(f"TaskConfig.ops={self.ops}: expected a non-empty subset of {sorted(OP_SYMBOL)}")
         if self.max_multiplier < 2:
             raise ValueError(f"TaskConfig.max_multiplier={self.max_multiplier}: expected ≥ 2")
+        if self.solution not in SOLUTIONS:
+            raise ValueError(f"TaskConfig.solution={self.solution!r}: expected one of {SOLUTIONS}")
 
 
 # Difficulty presets: 1 is the quickstart default (sized so a tiny CPU model can learn it in minutes).
@@ -63,21 +79,36 @@ DIFFICULTY = {
 }
 
 
-def task_config(difficulty: int | TaskConfig) -> TaskConfig:
+# The long-answer task's presets: difficulty 1's numbers with 3–6 steps and a worked solution, 123–271
+# byte tokens an answer, prompt + answer ≤ 376 (tests/test_tasks.py measures the range).
+LONG_DIFFICULTY = {
+    1: TaskConfig(min_steps=3, max_steps=6, max_start=20, max_operand=9, ops=("add", "sub"), solution="worked"),
+}
+TASKS = {"arith": DIFFICULTY, "long": LONG_DIFFICULTY}  # task name -> its difficulty presets
+
+
+def task_config(difficulty: int | TaskConfig, task: str = "arith") -> TaskConfig:
+    """The preset of `task` (a name of `TASKS`) at `difficulty`; a `TaskConfig` is taken as it is."""
     if isinstance(difficulty, TaskConfig):
         return difficulty
-    if difficulty not in DIFFICULTY:
-        raise ValueError(f"unknown difficulty {difficulty!r}: expected one of {sorted(DIFFICULTY)}")
-    return DIFFICULTY[difficulty]
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}: expected one of {sorted(TASKS)}")
+    presets = TASKS[task]
+    if difficulty not in presets:
+        what = "difficulty" if task == "arith" else f"difficulty for task {task!r}"
+        raise ValueError(f"unknown {what} {difficulty!r}: expected one of {sorted(presets)}")
+    return presets[difficulty]
 
 
 def make_problem(rng: random.Random, cfg: TaskConfig) -> dict:
-    """One problem: {"prompt", "answer"} with one worked line per step and a final `#### N` line."""
+    """One problem: {"prompt", "answer"} with one worked line per step and a final `#### N` line: `a+b=c`
+    (`cfg.solution == "short"`), or a sentence with the step's equation (`"worked"`, module doc)."""
     name = rng.choice(NAMES)
     item = rng.choice(ITEMS)
     value = rng.randint(1, cfg.max_start)
     clauses = [f"{name} had {value} {item}"]
     lines = []
+    sentences = [f"{name} had {value} {item}."]
     for _ in range(rng.randint(cfg.min_steps, cfg.max_steps)):
         op = rng.choice(cfg.ops)
         if op == "sub" and value == 0:  # keep every amount non-negative
@@ -96,7 +127,11 @@ def make_problem(rng: random.Random, cfg: TaskConfig) -> dict:
             phrase = rng.choice(ADD_PHRASES)
         clauses.append(phrase.format(n=n))
         lines.append(f"{value}{OP_SYMBOL[op]}{n}={new}")
+        what = phrase.format(n=n) if op == "mul" else f"{phrase.format(n=n)} {item}"
+        sentences.append(f"{name} {what}: {value} {OP_SYMBOL[op]} {n} = {new}.")
         value = new
+    if cfg.solution == "worked":
+        lines = sentences + [f"So {name} has {value} {item}."]
     return {"prompt": ", ".join(clauses) + ". How many now?\n", "answer": "\n".join(lines) + f"\n#### {value}"}
 
 
@@ -105,11 +140,13 @@ def make_problem(rng: random.Random, cfg: TaskConfig) -> dict:
 MAX_PROBLEMS = 5_000_000
 
 
-def generate(num: int, seed: int = 0, difficulty: int | TaskConfig = 1, exclude: set[str] | None = None) -> list[dict]:
-    """`num` problems (0 … MAX_PROBLEMS), deterministic in (seed, difficulty); prompts in `exclude` are skipped."""
+def generate(num: int, seed: int = 0, difficulty: int | TaskConfig = 1, exclude: set[str] | None = None,
+             task: str = "arith") -> list[dict]:
+    """`num` problems (0 … MAX_PROBLEMS) of `task` (`TASKS`), deterministic in (seed, task, difficulty);
+    prompts in `exclude` are skipped."""
     if not 0 <= num <= MAX_PROBLEMS:
         raise ValueError(f"number of problems {num}: expected 0 … {MAX_PROBLEMS}")
-    cfg = task_config(difficulty)
+    cfg = task_config(difficulty, task)
     rng = random.Random(seed)
     exclude = exclude or set()
     out, seen, tries = [], set(), 0
@@ -127,15 +164,15 @@ def generate(num: int, seed: int = 0, difficulty: int | TaskConfig = 1, exclude:
 
 
 def make_splits(num_train: int, num_test: int, seed: int = 0, difficulty: int | TaskConfig = 1,
-                num_val: int = 0) -> dict[str, list[dict]]:
+                num_val: int = 0, task: str = "arith") -> dict[str, list[dict]]:
     """{'train', 'val', 'test'}: test drawn first from `seed + 1`, validation from `seed + 2` without the
     test prompts, train from `seed` without either (disjoint splits; the test split does not depend on
     `num_val` or `num_train`)."""
-    test = generate(num_test, seed + 1, difficulty)
+    test = generate(num_test, seed + 1, difficulty, task=task)
     held = {r["prompt"] for r in test}
-    val = generate(num_val, seed + 2, difficulty, exclude=held)
+    val = generate(num_val, seed + 2, difficulty, exclude=held, task=task)
     held |= {r["prompt"] for r in val}
-    return {"train": generate(num_train, seed, difficulty, exclude=held), "val": val, "test": test}
+    return {"train": generate(num_train, seed, difficulty, exclude=held, task=task), "val": val, "test": test}
 
 
 def write_jsonl(path: str, records: list[dict]) -> None:
@@ -144,10 +181,10 @@ def write_jsonl(path: str, records: list[dict]) -> None:
 
 
 def write_splits(out_dir: str, num_train: int, num_test: int, seed: int = 0,
-                 difficulty: int | TaskConfig = 1, num_val: int = 0) -> dict[str, str]:
-    """Writes `train.jsonl`, `test.jsonl` and (num_val > 0) `val.jsonl`; returns {split: path}."""
+                 difficulty: int | TaskConfig = 1, num_val: int = 0, task: str = "arith") -> dict[str, str]:
+    """Writes `train.jsonl`, `test.jsonl` and (num_val > 0) `val.jsonl` of `task`; returns {split: path}."""
     paths = {}
-    for split, records in make_splits(num_train, num_test, seed, difficulty, num_val).items():
+    for split, records in make_splits(num_train, num_test, seed, difficulty, num_val, task).items():
         if split != "val" or num_val:
             paths[split] = os.path.join(out_dir, f"{split}.jsonl")
             write_jsonl(paths[split], records)

@@ -48,9 +48,12 @@ UNO_DEFAULTS = {"eval.modes": list(UNO_MODES), "data.batch_size": 32, "train.ste
                 "drafter.steps": 1500, "drafter.batch_size": 16}
 @dataclasses.dataclass(frozen=True)
 class TaskSection:
-    """The embedded arithmetic task (`zarya_jax.eval.tasks`), or your own `train_file` + `test_file` (and
-    `val_file`; without it the last `num_val` records of `train_file` are held out for validation)."""
+    """The embedded arithmetic task (`zarya_jax.eval.tasks`): `name` one of `tasks.TASKS` (`arith`, the terse
+    answers; `long`, worked solutions of 123–271 tokens) at `difficulty`, or your own `train_file` +
+    `test_file` (and `val_file`; without it the last `num_val` records of `train_file` are held out for
+    validation)."""
 
+    name: str = "arith"
     difficulty: int = 1
     num_train: int = 50000
     num_test: int = 200
@@ -61,7 +64,10 @@ class TaskSection:
     val_file: str = ""
 
     def __post_init__(self):
-        tasks.task_config(self.difficulty)
+        try:
+            tasks.task_config(self.difficulty, self.name)
+        except ValueError as e:
+            raise ConfigError(f"task.name={self.name!r}, task.difficulty={self.difficulty!r}: {e}") from None
         for name in ("num_train", "num_test", "num_val"):
             value = getattr(self, name)
             if not 0 <= value <= tasks.MAX_PROBLEMS:
@@ -142,6 +148,11 @@ class ExperimentConfig:
     MOVED_KEYS: ClassVar[dict[str, str]] = {**drafter_run.MOVED_KEYS, **draft_model_run.MOVED_KEYS}
 
     def __post_init__(self):
+        if self.drafter.task_difficulty:
+            try:
+                tasks.task_config(self.drafter.task_difficulty, self.task.name)
+            except ValueError as e:
+                raise ConfigError(f"drafter.task_difficulty={self.drafter.task_difficulty}: {e}") from None
         if self.drafter.shifted() and self.task.train_file:
             raise ConfigError("drafter.task_difficulty / drafter.task_seed shift the embedded task's data, but "
                               f"the experiment trains on task.train_file={self.task.train_file!r}")
@@ -216,6 +227,11 @@ SMOKE = {"task.num_train": 64, "task.num_test": 4, "task.num_val": 4, "model.hid
          "speed.repeats": 1}
 """The smoke size (`--smoke`, tests): seconds instead of minutes, a tiny model, a handful of steps and
 examples, one slot size."""
+
+# The long-answer task (`--task long`, `tasks.LONG_DIFFICULTY`): rows that hold the longest prompt + answer
+# (376 byte tokens) and its EOS, a budget that holds the longest answer (271) and a look-ahead block; the
+# model's 512 positions hold prompt + budget + a draft window. Applied before --smoke, so a smoke run stays tiny.
+LONG_TASK = {"task.name": "long", "data.max_length": 384, "eval.max_new_tokens": 288}
 
 
 def comparable(config_dict: dict) -> dict:

@@ -87,7 +87,7 @@ def prepare_data(task: TaskSection, workdir: str, *, fmt: PromptFormat = PromptF
         tasks.write_jsonl(splits.train, records[:-task.num_val])
         return splits
     paths = tasks.write_splits(os.path.join(workdir, "data"), task.num_train, task.num_test, task.seed,
-                               task.difficulty, task.num_val)
+                               task.difficulty, task.num_val, task.name)
     return Splits(paths["train"], paths.get("val"), paths["test"])
 
 
@@ -164,7 +164,7 @@ def drafter_data(drafter: TaskDrafterRun, task: TaskSection, splits: Splits, wor
         return splits.train
     held = {r["prompt"] for path in (splits.test, splits.val) if path for r in tasks.read_jsonl(path)}
     records = tasks.generate(task.num_train, task.seed if drafter.task_seed is None else drafter.task_seed,
-                             drafter.task_difficulty or task.difficulty, exclude=held)
+                             drafter.task_difficulty or task.difficulty, exclude=held, task=task.name)
     path = os.path.join(workdir, "drafter_data", "train.jsonl")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tasks.write_jsonl(path, records)

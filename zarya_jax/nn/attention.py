@@ -6,8 +6,14 @@ Two kinds of mask reach attention:
   physical order. This is the training mask — Zarya's slotted and noise transforms both lay every
   example out in its own contiguous range and attend with `masks.segment_causal(segment_ids)` — and the
   plain causal mask (no segment ids) of `forward` and of a prefill. The fused kernels serve it.
-- **any boolean mask** `[b, t, s]` (`dense`): decoding's windows against a KV cache, mode B's slot-local
-  infill, the drafter's block mask. Always the dense path.
+- **any boolean mask** `[b, t, s]` (`dense`): mode B's slot-local infill, the drafter's block mask, a
+  window against an explicitly masked cache (`cached`). Always the dense path.
+- **a window against the live rows of a KV cache** (`live`): decoding. Each query sees the cache rows
+  below its row's length (but at most one hidden row per query, mode A's AR-row convention) and the
+  window under its own boolean mask. The cache is read `ModelConfig.cache_block` rows at a time, only
+  the blocks below the batch's longest live row, so a pass costs what its live rows require whatever
+  the static allocation (docs/decoding.md#the-live-cache); `cache_block=0` reads the whole allocation
+  densely (`cached`), the accounting the target's compiler can count (a while_loop's body is counted once).
 
 Backends (`ModelConfig.attention`):
 
@@ -68,12 +74,73 @@ def cached(q: Array, k: Array, v: Array, k_cache: Array, v_cache: Array, cache_m
            window_mask: Array) -> Array:
     """A window attending to a KV cache and to itself, dense: `dense` over [cache ; window] without
     concatenating K/V, so the cache ([b, k, s, q], `kv_cache`'s head-major layout, any dtype, read in q's
-    dtype) is never copied. q [b,t,h,q], k/v [b,t,k,q]; cache_mask bool [b,t,s], window_mask bool [b,t,t]
-    -> [b,t,h,q]."""
+    dtype) is never copied. Reads every allocated cache row, masked or not. q [b,t,h,q], k/v [b,t,k,q];
+    cache_mask bool [b,t,s], window_mask bool [b,t,t] -> [b,t,h,q]."""
     s = k_cache.shape[2]
     scores = [_scores(q, k_cache, cache_mask, "bksq"), _scores(q, k, window_mask)]
     probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1)
     return _combine(probs[..., :s], v_cache, q.dtype, "bksq") + _combine(probs[..., s:], v, q.dtype)
+
+
+def cache_mask(length: Array, hide: Array | None, t: int, s: int) -> Array:
+    """The boolean [b, t, s] mask `live` applies block by block, whole: cache rows below each row's `length`
+    [b], but row `hide[b, t]` for query t (None, or a negative index: none hidden)."""
+    rows = jnp.arange(s)
+    mask = jnp.broadcast_to((rows[None, :] < length[:, None])[:, None, :], (length.shape[0], t, s))
+    return mask if hide is None else mask & (rows[None, None, :] != hide[:, :, None])
+
+
+def live(q: Array, k: Array, v: Array, k_all: Array, v_all: Array, layer, length: Array, hide: Array | None,
+         window_mask: Array, block: int) -> Array:
+    """`cached` with the mask `cache_mask(length, hide, …)`, reading only the cache blocks below the batch's
+    longest live row: the cache's rows are taken `block` at a time (the last block ends at the cache's end,
+    its rows already seen masked), as many blocks as `max(length)` needs, with an online softmax (fp32 running
+    max, sum and weighted V) across blocks, then the window's own keys. Its cost follows the live rows, not
+    the allocation, and nothing recompiles as they grow: the block count is a traced bound of a while_loop.
+
+    k_all/v_all: the whole stacked cache [layers, b, k, s, q] and `layer` its layer index (an int or a traced
+    scalar): blocks are sliced from the stack itself, so no layer's whole cache is ever copied out (a scan's
+    slice of it, fed to a loop, would be). length int [b]; hide int [b, t] or None. Not differentiable (a
+    while_loop): the training side's cached windows pass an explicit mask to `cached`."""
+    b, t, h, d = q.shape
+    _, _, kvh, s, _ = k_all.shape
+    g = h // kvh
+    size = min(block, s)
+    qg, scale = q.reshape(b, t, kvh, g, d), d ** -0.5  # scores scaled in fp32, as `_scores` does
+    rows = jnp.arange(size)
+
+    def step(j, carry):
+        m, l, acc = carry
+        start = jnp.minimum(j * size, s - size)
+        at = (layer, 0, 0, start, 0)
+        kb, vb = (jax.lax.dynamic_slice(x, at, (1, b, kvh, size, d))[0].astype(q.dtype) for x in (k_all, v_all))
+        row = start + rows
+        mask = ((row >= j * size)[None, :] & (row[None, :] < length[:, None]))[:, None, :]  # [b, 1, size]
+        if hide is not None:
+            mask = mask & (row[None, None, :] != hide[:, :, None])
+        mask = mask[:, None, None]  # [b, 1, 1, t | 1, size]
+        sc = jnp.einsum("btkgq,bksq->bkgts", qg, kb, preferred_element_type=jnp.float32) * scale
+        m_new = jnp.maximum(m, jnp.max(jnp.where(mask, sc, NEG_INF), axis=-1))
+        p = jnp.where(mask, jnp.exp(sc - m_new[..., None]), 0.0)
+        corr = jnp.exp(m - m_new)
+        pv = jnp.einsum("bkgts,bksq->bkgtq", p.astype(q.dtype), vb, preferred_element_type=jnp.float32)
+        return m_new, l * corr + p.sum(-1), acc * corr[..., None] + pv
+
+    init = (jnp.full((b, kvh, g, t), NEG_INF, jnp.float32), jnp.zeros((b, kvh, g, t), jnp.float32),
+            jnp.zeros((b, kvh, g, t, d), jnp.float32))
+    n_blocks = (jnp.max(length) + size - 1) // size
+    m, l, acc = jax.lax.fori_loop(0, n_blocks, step, init)
+    # The window's own keys close the softmax; every query sees at least itself there.
+    sw = jnp.einsum("btkgq,bskq->bkgts", qg, k.astype(q.dtype), preferred_element_type=jnp.float32) * scale
+    wmask = window_mask[:, None, None]
+    m_f = jnp.maximum(m, jnp.max(jnp.where(wmask, sw, NEG_INF), axis=-1))
+    pw = jnp.where(wmask, jnp.exp(sw - m_f[..., None]), 0.0)
+    corr = jnp.exp(m - m_f)
+    total = l * corr + pw.sum(-1)
+    out = acc * corr[..., None] + jnp.einsum("bkgts,bskq->bkgtq", pw.astype(q.dtype), v.astype(q.dtype),
+                                             preferred_element_type=jnp.float32)
+    out = out / jnp.where(total > 0, total, 1.0)[..., None]
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d).astype(q.dtype)
 
 
 def resolve(backend: str, platform: str, dtype, seq_len: int, head_dim: int) -> str:

@@ -234,9 +234,8 @@ def _ar_requery(d: Decode, st: dict, sequential: Array, q_off: Array, q_valid: A
                 q_pos: Array, window_mask: Array):
     """The AR-row convention: a sequential step's query row is the token before its target, fed again
     at its own position with its committed copy (in the cache or in this window) hidden. Returns
-    (q_tok, q_pos, window_mask, cache_mask)."""
-    m, kw, kq = d.m, d.kw, d.kq
-    cache_rows = kv_cache.max_len(st["cache"])  # p + m rounded up to the cache's row tile
+    (q_tok, q_pos, window_mask, cache_hide: the cache row each window row must not see, -1 for none)."""
+    kw, kq = d.kw, d.kq
     requery = q_valid & (sequential & d.ar_rows)[:, None]
     before = jnp.maximum(q_off - 1, 0)
     first = q_off == 0
@@ -245,17 +244,16 @@ def _ar_requery(d: Decode, st: dict, sequential: Array, q_off: Array, q_valid: A
     q_pos = jnp.where(requery, q_pos - 1, q_pos)
     dup = jnp.where(first, d.lengths[:, None] - 1,
                     d.lengths[:, None] + jnp.take_along_axis(st["phys"], before, axis=1))
-    hide_cache = requery[:, :, None] & (jnp.arange(cache_rows)[None, None, :] == dup[:, :, None])
-    seen = jnp.arange(cache_rows)[None, None, :] < st["cache"]["length"][:, None, None]
-    cache_mask = jnp.concatenate([jnp.broadcast_to(seen, (d.b, kw, cache_rows)), seen & ~hide_cache], 1)
+    cache_hide = jnp.concatenate([jnp.full((d.b, kw), -1, jnp.int32), jnp.where(requery, dup, -1)], 1)
     hide_prev = requery[:, :, None] & (st["prev_off"][:, None, :] == q_off[:, :, None] - 1)
     window_mask = window_mask & ~jnp.pad(hide_prev, ((0, 0), (kw, 0), (0, kq)))
-    return q_tok, q_pos, window_mask, cache_mask
+    return q_tok, q_pos, window_mask, cache_hide
 
 
 def window(d: Decode, st: dict, s: Array, active: Array, k_s: Array, sequential: Array) -> dict:
     """Step s's window `[tokens sampled at step s−1 ; this step's queries]`: tokens, positions, valid,
-    window and cache masks, the query offsets and validity, and which previous rows to commit."""
+    the window mask, the cache row each window row must not see (`cache_hide`), the query offsets and
+    validity, and which previous rows to commit."""
     m = d.m
     q_off, q_valid = candidates(d, st, s, k_s, sequential)
     q_off = jnp.where(q_valid, q_off, m)
@@ -264,14 +262,14 @@ def window(d: Decode, st: dict, s: Array, active: Array, k_s: Array, sequential:
     q_tok = jnp.where(q_valid, d.mask_id, d.pad)
     q_pos = d.lengths[:, None] + jnp.minimum(q_off, m - 1)
     window_mask = masks.causal_with_padding(jnp.concatenate([prev_valid, q_valid], axis=1))
-    cache_mask = None
+    cache_hide = None
     if d.has_sequential:  # T = 0 has no sequential phase: no convention to read
-        q_tok, q_pos, window_mask, cache_mask = _ar_requery(d, st, sequential, q_off, q_valid, q_tok, q_pos,
+        q_tok, q_pos, window_mask, cache_hide = _ar_requery(d, st, sequential, q_off, q_valid, q_tok, q_pos,
                                                             window_mask)
     return dict(tokens=jnp.concatenate([jnp.where(prev_valid, prev_tok, d.pad), q_tok], axis=1),
                 positions=jnp.concatenate([d.lengths[:, None] + jnp.minimum(st["prev_off"], m - 1), q_pos], axis=1),
                 valid=jnp.concatenate([prev_valid, q_valid], axis=1), window_mask=window_mask,
-                cache_mask=cache_mask, q_off=q_off, q_valid=q_valid, prev_valid=prev_valid)
+                cache_hide=cache_hide, q_off=q_off, q_valid=q_valid, prev_valid=prev_valid)
 
 
 def choose(d: Decode, q_logits: Array, q_valid: Array, k_s: Array) -> Array:
@@ -316,7 +314,7 @@ def step(d: Decode, st: dict, params, config, debug: bool) -> dict:
     sequential = s >= d.n_dif_steps
     win = window(d, st, s, active, k_s, sequential)
     logits, kv = model_lib.apply(params, config, win["tokens"], win["positions"], window_mask=win["window_mask"],
-                                 cache=st["cache"], cache_mask=win["cache_mask"])
+                                 cache=st["cache"], cache_hide=win["cache_hide"])
     cache = kv_cache.commit(st["cache"], kv, jnp.concatenate([win["prev_valid"], jnp.zeros_like(win["q_valid"])], 1))
     q_logits = logits[:, d.kw:]
     new_tok = d.draw(jax.random.fold_in(d.k_sample, s), q_logits, st["presence"])

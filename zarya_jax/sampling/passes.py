@@ -80,9 +80,11 @@ def cycle_windows(gcfg: GenerationConfig) -> tuple[int, ...] | None:
 
 
 def pass_costs(params, config, batches, windows, context: int, repeats: int, passes: int = 8,
-               on_row=None, min_s: float = 0.01) -> list[dict]:
+               on_row=None, min_s: float = 0.01, allocated: int = 0) -> list[dict]:
     """The pass-cost curve: ms per cached pass of W rows at batch b, for each (batch, window), against a cache
-    of `context` committed rows. Passes run in one compiled loop (`_repeated_pass`: each reads the cache and
+    of `context` committed rows, allocated for `allocated` rows (0: context + W; a decode loop's cache is
+    allocated for its whole budget, and a pass reads only the live rows unless `config.cache_block` is 0).
+    Passes run in one compiled loop (`_repeated_pass`: each reads the cache and
     commits its window, as a decode loop's pass does), timed at 1 and at 1 + n passes (`timing.loop_slope_ms`,
     best of `repeats` each; n from `passes` up, ×8 at a time, until the n passes take `min_s`): the slope is
     a pass without the call's dispatch and transfers, and the n passes' time is well above a call's jitter.
@@ -92,7 +94,7 @@ def pass_costs(params, config, batches, windows, context: int, repeats: int, pas
     for b in batches:
         base = None
         for w in windows:
-            cache = kv_cache.init(config, b, context + w)
+            cache = kv_cache.init(config, b, max(allocated, context + w))
             cache = dict(cache, length=jnp.full((b,), context, jnp.int32))
             tokens = jnp.zeros((b, w), jnp.int32)
 
