@@ -82,23 +82,30 @@ def test_every_mode_decodes_the_same_tokens_split_or_scanned(weights, mode, adap
         np.testing.assert_allclose(split.logprobs, stacked.logprobs, atol=1e-5)
 
 
-def _lowered(gc: GenerationConfig, devices=None, **adapter) -> str:
+def _lowered(gc: GenerationConfig, devices=None, config=CONFIG, **adapter) -> str:
     """`generate`'s program for `gc` on one of `devices` (default: this host's), lowered: StableHLO text."""
     from zarya_jax.sampling.generate import lower
     from zarya_jax.train.sharding import MeshConfig, make_mesh
 
     mesh = make_mesh(MeshConfig(), (devices or jax.devices())[:1])
-    return lower(normal_params(CONFIG, seed=1), CONFIG, gc, 1, 8, mesh=mesh, **adapter).as_text()
+    return lower(normal_params(config, seed=1), config, gc, 1, 8, mesh=mesh, **adapter).as_text()
 
 
-def _while_loops(gc: GenerationConfig, devices=None) -> int:
-    return len(re.findall(r"stablehlo\.while", _lowered(gc, devices)))
+def _while_loops(gc: GenerationConfig, devices=None, config=CONFIG) -> int:
+    return len(re.findall(r"stablehlo\.while", _lowered(gc, devices, config)))
 
 
 def test_a_split_program_runs_no_layer_scan():
     gc = GenerationConfig(max_new_tokens=4)
+    dense = CONFIG.replace(cache_block=0)  # no live-cache loop: the layer scans are the loops that differ
     # the scans over the layers, of the prefill and of the decode pass, are gone; the other loops stay
-    assert _while_loops(gc.replace(layer_loop="scan")) - _while_loops(gc.replace(layer_loop="split")) == 2
+    assert (_while_loops(gc.replace(layer_loop="scan"), config=dense)
+            - _while_loops(gc.replace(layer_loop="split"), config=dense)) == 2
+    # with the live cache each layer reads the cache in a loop of its own: one per layer of the split decode
+    # pass, one in the body of each scan over the layers (the prefill's and the pass's)
+    loops = {loop: _while_loops(gc.replace(layer_loop=loop)) - _while_loops(gc.replace(layer_loop=loop), config=dense)
+             for loop in ("split", "scan")}
+    assert loops == {"split": CONFIG.num_layers, "scan": 2}
     assert _while_loops(gc) == _while_loops(gc.replace(layer_loop="split"))  # "auto" on a CPU
 
 
