@@ -29,7 +29,7 @@ def test_length_table_rows_are_ar_equal(long_smoke, tmp_path, capsys):
         (cap, m) for cap in (4, 12) for m in ("ar", "spec-self", "spec-self-fused")]
     for r in rows:
         assert r["ar_equal"] is (None if r["mode"] == "ar" else True)
-        assert 0 < r["mean_tokens"] <= r["max_new_tokens"] and r["examples"] == 2 and r["predicted"] is None
+        assert 0 < r["mean_tokens"] <= r["max_new_tokens"] and r["examples"] == 2
     printed = capsys.readouterr().out
     assert "| max new tokens |" in printed and (out / "length.md").read_text().strip() in printed
 

@@ -12,8 +12,7 @@ test split (or `--split val`) at each budget of `--caps`: AR, then every lossles
 forward, tokens/s against AR's in the same race, the speed-up, and whether the outputs equal AR's
 token for token. Train a long-answer run first (`python -m experiments.quickstart --task long`): on the
 terse default task answers end after about 22 tokens, whatever the budget. Nothing is trained or
-scored. The 'predicted' column stays empty until a target-device predictor is passed to
-`length.length_table(predict=...)`.
+scored.
 """
 from __future__ import annotations
 

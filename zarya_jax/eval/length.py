@@ -13,18 +13,12 @@ A row per (budget, mode): the mean tokens decoded per prompt (the answer length,
 tokens per forward pass, tokens/s against AR's in the same race, the speed-up, and whether its outputs
 equal AR's token for token (a lossless mode's must). A prompt whose answer ends before the budget
 decodes fewer tokens: the mean length column says how long the answers that were timed really were.
-
-`predict`, when given, fills the `predicted` column: a callable (mode, GenerationConfig, LengthRow) ->
-predicted speed-up over AR on a target device (e.g. a target-compiler roofline); None leaves it empty.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
-
 import jax
 
-from ..sampling import GenerationConfig
 from ..sampling import modes as modes_lib
 from . import evaluate as evaluate_lib
 from .evaluate import generation_config
@@ -36,8 +30,8 @@ CAPS = (32, 64, 128, 256)  # the default budgets (max_new_tokens)
 @dataclasses.dataclass(frozen=True)
 class LengthRow:
     """One mode at one budget: the mean tokens decoded per prompt, tokens per forward, its tokens/s and
-    AR's in the same race, whether its outputs equal AR's (None for AR itself), a predicted speed-up
-    (None without a predictor) and the knobs it decoded with."""
+    AR's in the same race, whether its outputs equal AR's (None for AR itself) and the knobs it decoded
+    with."""
 
     max_new_tokens: int
     mode: str
@@ -48,7 +42,6 @@ class LengthRow:
     ar_tokens_per_s: float
     ar_equal: bool | None
     knobs: dict
-    predicted: float | None = None
 
     @property
     def speedup(self) -> float:
@@ -56,9 +49,6 @@ class LengthRow:
 
     def to_json(self) -> dict:
         return {**to_json(self), "speedup": self.speedup}
-
-
-Predictor = Callable[[str, GenerationConfig, LengthRow], float]
 
 
 def check_modes(knobs: dict[str, dict]) -> None:
@@ -72,8 +62,7 @@ def check_modes(knobs: dict[str, dict]) -> None:
 
 
 def length_table(model, prompts: list[list[int]], knobs: dict[str, dict], caps=CAPS, *, batch: int = 1,
-                 repeats: int = 2, seed: int = 0, predict: Predictor | None = None,
-                 label: bool = False) -> list[LengthRow]:
+                 repeats: int = 2, seed: int = 0, label: bool = False) -> list[LengthRow]:
     """Per budget of `caps`, AR and each mode of `knobs` ({mode: its knobs}, lossless) racing on `prompts`
     at `batch` (module doc); AR's row first at each budget. label: progress bars on stderr."""
     check_modes(knobs)
@@ -90,24 +79,22 @@ def length_table(model, prompts: list[list[int]], knobs: dict[str, dict], caps=C
         outs = evaluate_lib.race(model, prompts, gens, batch, repeats, jax.random.PRNGKey(seed),
                                  f"at {cap} tokens" if label else None)
         ar = outs[0]
-        for (mode, gen), out in zip(gens, outs):
-            row = LengthRow(max_new_tokens=cap, mode=mode, examples=len(prompts),
+        for (mode, _), out in zip(gens, outs):
+            rows.append(LengthRow(max_new_tokens=cap, mode=mode, examples=len(prompts),
                             mean_tokens=out.tokens / len(prompts), tokens_per_forward=out.tokens_per_forward,
                             tokens_per_s=out.tokens_per_s, ar_tokens_per_s=ar.tokens_per_s,
                             ar_equal=None if mode == "ar" else out.ids == ar.ids,
-                            knobs={} if mode == "ar" else dict(knobs[mode]))
-            rows.append(dataclasses.replace(row, predicted=predict(mode, gen, row)) if predict else row)
+                            knobs={} if mode == "ar" else dict(knobs[mode])))
     return rows
 
 
 def markdown(rows: list[LengthRow]) -> str:
     """The table: per budget and mode the answer length decoded, tokens per forward, tokens/s (AR's), the
-    measured speed-up (and the predicted one where a predictor gave it), AR-equal outputs."""
+    measured speed-up, AR-equal outputs."""
     lines = ["| max new tokens | mean tokens decoded | mode | tokens / forward | tokens / s (AR) | speed-up vs AR "
-             "| predicted | outputs = AR |", "|---|---|---|---|---|---|---|---|"]
+             "| outputs = AR |", "|---|---|---|---|---|---|---|"]
     for r in rows:
-        pred = "–" if r.predicted is None else f"{r.predicted:.2f}×"
         equal = "–" if r.ar_equal is None else ("yes" if r.ar_equal else "**no**")
         lines.append(f"| {r.max_new_tokens} | {r.mean_tokens:.0f} | {r.mode} | {r.tokens_per_forward:.2f} | "
-                     f"{r.tokens_per_s:.0f} ({r.ar_tokens_per_s:.0f}) | {r.speedup:.2f}× | {pred} | {equal} |")
+                     f"{r.tokens_per_s:.0f} ({r.ar_tokens_per_s:.0f}) | {r.speedup:.2f}× | {equal} |")
     return "\n".join(lines)
