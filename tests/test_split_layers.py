@@ -101,10 +101,11 @@ def test_a_split_program_runs_no_layer_scan():
     # the scans over the layers, of the prefill and of the decode pass, are gone; the other loops stay
     assert (_while_loops(gc.replace(layer_loop="scan"), config=dense)
             - _while_loops(gc.replace(layer_loop="split"), config=dense)) == 2
-    # with the live cache each layer reads the cache in a loop of its own: one per layer of the split decode
-    # pass, one in the body of each scan over the layers (the prefill's and the pass's)
-    loops = {loop: _while_loops(gc.replace(layer_loop=loop)) - _while_loops(gc.replace(layer_loop=loop), config=dense)
-             for loop in ("split", "scan")}
+    # with a live cache of several blocks each layer reads the cache in a loop of its own: one per layer of the
+    # split decode pass, one in the body of each scan over the layers (the prefill's and the pass's)
+    blocks = CONFIG.replace(cache_block=4)
+    loops = {loop: _while_loops(gc.replace(layer_loop=loop), config=blocks)
+             - _while_loops(gc.replace(layer_loop=loop), config=dense) for loop in ("split", "scan")}
     assert loops == {"split": CONFIG.num_layers, "scan": 2}
     assert _while_loops(gc) == _while_loops(gc.replace(layer_loop="split"))  # "auto" on a CPU
 

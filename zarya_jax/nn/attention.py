@@ -95,7 +95,7 @@ def live(q: Array, k: Array, v: Array, k_all: Array, v_all: Array, layer, length
     """`cached` with the mask `cache_mask(length, hide, …)`, reading only the cache blocks below the batch's
     longest live row: the cache's rows are taken `block` at a time (the last block ends at the cache's end,
     its rows already seen masked), as many blocks as `max(length)` needs, with an online softmax (fp32 running
-    max, sum and weighted V) across blocks, then the window's own keys. Its cost follows the live rows, not
+    max, sum and weighted V) across blocks, then the window's own keys. A cache of one block is read as one, without a loop. Its cost follows the live rows, not
     the allocation, and nothing recompiles as they grow: the block count is a traced bound of a while_loop.
 
     k_all/v_all: the whole stacked cache [layers, b, k, s, q] and `layer` its layer index (an int or a traced
@@ -128,8 +128,10 @@ def live(q: Array, k: Array, v: Array, k_all: Array, v_all: Array, layer, length
 
     init = (jnp.full((b, kvh, g, t), NEG_INF, jnp.float32), jnp.zeros((b, kvh, g, t), jnp.float32),
             jnp.zeros((b, kvh, g, t, d), jnp.float32))
-    n_blocks = (jnp.max(length) + size - 1) // size
-    m, l, acc = jax.lax.fori_loop(0, n_blocks, step, init)
+    if size == s:  # one block is the whole cache: read it without a loop (the compile stays as small as dense)
+        m, l, acc = step(0, init)
+    else:
+        m, l, acc = jax.lax.fori_loop(0, (jnp.max(length) + size - 1) // size, step, init)
     # The window's own keys close the softmax; every query sees at least itself there.
     sw = jnp.einsum("btkgq,bskq->bkgts", qg, k.astype(q.dtype), preferred_element_type=jnp.float32) * scale
     wmask = window_mask[:, None, None]
