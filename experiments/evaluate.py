@@ -18,7 +18,8 @@ drafters in one forward pass per cycle, docs/algorithms.md §7.5). `--knob MODE.
 of that mode (its dataclass in `zarya_jax.sampling`, e.g. `slotted.token_threshold=0.5`) or a shared
 sampling field for it (`spec-self.temperature=0.7`); `--knob '*.FIELD=VALUE'` sets a shared field for
 every mode (YAML values, typed from the field; a field the mode does not have is an error that names
-its fields). Per mode it reports exact-match accuracy, wall-clock generated tokens/s
+its fields, and so is a knob for a mode not in `--modes`). Per mode it reports exact-match accuracy,
+wall-clock generated tokens/s
 (the modes take turns `eval.repeats` times, 2 by default, and each one's best counts; compile time excluded and
 reported apart, in the table too), tokens per forward pass and the speed-up
 over `ar`; it writes `summary.json` (with the arguments, the evaluation's settings and their id, and the
@@ -160,6 +161,8 @@ def eval_config(args) -> tuple[EvalConfig, dict]:
     given = cli.set_overrides(args)
     try:
         config = overrides.apply(EvaluateConfig(), cli.set_overrides(args, flags)).eval
+    except overrides.UnknownKey:
+        raise  # typed under --set, and its suggestions are keys (eval.modes), not the flags they rename to
     except ConfigError as e:
         message = str(e)
         for field, flag in FLAGS:
@@ -167,6 +170,21 @@ def eval_config(args) -> tuple[EvalConfig, dict]:
                 message = re.sub(rf"\beval\.{field}\b", flag, message)
         raise ConfigError(message) from None
     return config, {"*": knobs["*"]} if "*" in knobs else {}
+
+
+def check_knobs_evaluated(args, ev: EvalConfig, knobs: dict[str, dict]) -> None:
+    """A knob this command was given for a mode it does not evaluate would change nothing, without a word
+    (e.g. `--modes ar --knob mdm.steps=4`): a ConfigError naming the knob as given and the modes evaluated.
+    (An `eval` section itself may hold knobs for modes it does not run: a sweep's runs share one.)"""
+    from_set = cli.set_overrides(args)
+    for mode, fields in knobs.items():
+        if mode == "*" or mode in ev.modes:
+            continue
+        for field, value in fields.items():
+            key = f"eval.knobs.{mode}.{field}"
+            name = key if key in from_set else f"--knob {mode}.{field}"
+            raise ConfigError(f"{name}={value!r}: mode {mode!r} is not evaluated (the modes are "
+                              f"{','.join(ev.modes)}); add it to --modes or drop the knob")
 
 
 def slot_sizes(text: str) -> list[int]:
@@ -194,6 +212,7 @@ def _run(args) -> int:
     if not os.path.isdir(ckpt):
         raise ValueError(f"{'--ckpt' if ckpt == args.ckpt else 'eval.ckpt'} {ckpt!r} is not a directory")
     knobs = {**ev.knobs.as_dict(), **shared}
+    check_knobs_evaluated(args, ev, knobs)
     check_mode_knobs(ev.modes, knobs)
     check_mask_token({m: generation_config(m, ev.max_new_tokens, knobs) for m in ev.modes}, load_config(ckpt), ckpt)
     fmt = prompt_format(ckpt, format_overrides(args))

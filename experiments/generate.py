@@ -1,7 +1,7 @@
 """Generate text from a checkpoint in any mode (docs/algorithms.md §4–§7).
 
     python -m experiments.generate --ckpt CKPT --prompt "Hello" [--prompt "…"] --mode slotted
-    python -m experiments.generate --ckpt CKPT --prompts-file prompts.txt --mode ar --batch-size 8 \
+    python -m experiments.generate --ckpt CKPT --prompts-file prompts.txt --mode ar --batch-size 8 \\
         --set temperature=0.7 --set top_p=0.9
     python -m experiments.generate --ckpt CKPT --prompt "Hi" --mode spec-lora --lora LORA_DIR --set draft_length=4
     python -m experiments.generate --ckpt CKPT --prompt "Hi" --mode auto --speed RUN/eval/speed.json --lora LORA_DIR
@@ -12,19 +12,21 @@ checkpoint's training prompts were (its recorded prompt format: chat template, s
 template; `zarya_jax.data.render`; `--format FIELD=VALUE` changes a field). Tokenizer
 (`zarya_jax.inference.load_for_inference`): `--tokenizer` if given, else the checkpoint's own
 (CKPT/tokenizer/), else the byte tokenizer. `--mode` is one of the eight decoding modes (`ar`, `mdm`,
-`slotted`, `spec-self`, `spec-lora`, `spec-model`, `spec-self-fused`, `spec-lora-fused`; default `mdm`,
-mode A), or `auto`: the fastest lossless configuration an experiment chose for the batch size
-(`--speed RUN/eval/speed.json`, `zarya_jax.eval.speed`: the choice at the calibrated batch size nearest to
-`--batch-size`, or to the number of `--prompt`s when fewer; which it picked is printed); `--set FIELD=VALUE` sets a field of that mode's dataclass or a shared sampling field (YAML
-values, typed from the field; list below); `--max-new-tokens` is a shorthand for one of them. Prompts run
-in batches of `--batch-size`; the text of each row is printed as soon as its batch finishes.
+`slotted`, `spec-self`, `spec-lora`, `spec-model`, `spec-self-fused`, `spec-lora-fused`; default `ar`,
+lossless), or `auto`: the fastest lossless configuration an experiment chose for the batch size
+(`--speed RUN/eval/speed.json`, `zarya_jax.eval.speed`: the choice at the calibrated batch size nearest
+to `--batch-size`, or to the number of `--prompt`s when fewer; which it picked is printed);
+`--set FIELD=VALUE` sets a field of that mode's dataclass or a shared sampling field (YAML values, typed
+from the field; list below); `--max-new-tokens` is a shorthand for one of them. Prompts run in batches
+of `--batch-size`; each row is printed as soon as its batch finishes: a `=== [i] prompt` line, the
+prompt, a `--- completion (N tokens, P passes)` line, the completion.
 `--output F.jsonl` also writes one record per prompt, with the prompt's token ids as rendered (written
 to a temporary file, renamed when complete). A LoRA drafter (`--lora DIR`) is sampled with the noise
 convention it was trained with; a draft model (`--mode spec-model --draft-ckpt DIR`) must read the
 checkpoint's ids. A field the chosen mode does not have (e.g. `--mode ar --set slot_size=4`) is an
 error that names its fields, the checkpoint is verified against its checksums (`--no-verify` skips
-that) and `--output` is checked writable up front. Bad input exits with status 2 and one `error:` line on stderr, before
-anything is generated.
+that) and `--output` is checked writable up front. Bad input exits with status 2 and one `error:` line
+on stderr, before anything is generated.
 """
 from __future__ import annotations
 
@@ -59,15 +61,18 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompts-file", help="text file, one prompt per line (or .jsonl with a 'prompt' field)")
     p.add_argument("--ckpt", required=True, help="checkpoint directory (zarya_jax.checkpoint.save)")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory or 'byte' (default: the checkpoint's)")
-    p.add_argument("--mode", choices=MODES + ("auto",), default="mdm",
-                   help="decoding mode (default: mdm, mode A); auto: the fastest lossless one for the batch (--speed)")
+    # The default is lossless (AR's own outputs) and reads no mask token, so it decodes any checkpoint.
+    p.add_argument("--mode", choices=MODES + ("auto",), default="ar",
+                   help="decoding mode (default: ar, lossless); auto: the fastest lossless one for the batch (--speed)")
     p.add_argument("--speed", default=None, help="mode auto: an experiment's eval/speed.json")
     p.add_argument("--max-new-tokens", type=int, default=64, help="the `max_new_tokens` knob")
     cli.add_set_flag(p, "temperature=0.7")
     p.add_argument("--lora", default=None, help="modes spec-lora, spec-lora-fused: LoRA adapter directory")
     p.add_argument("--draft-ckpt", default=None, help="mode spec-model: draft model checkpoint directory")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=8,
+                   help="prompts decoded together, in one compiled program (default 8)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="random seed of the decode (default 0): sampling at temperature > 0, mdm's random order")
     p.add_argument("--output", default=None, help="also write JSONL records here")
     add_format_arguments(p)
     p.add_argument("--no-verify", action="store_true",
@@ -193,8 +198,9 @@ def _run(args) -> int:
                    "forward_passes": int(out.num_forward_passes[r]),
                    "tokens_per_forward": float(out.tokens_per_forward[r])}
             records.append(rec)
-            print(f"=== [{start + r}] ({length} tokens, {rec['forward_passes']} passes)", flush=True)
-            print(texts[start + r] + text, flush=True)
+            # Labelled apart: the completion continues the prompt's text, and glued on it reads as one.
+            print(f"=== [{start + r}] prompt\n{texts[start + r]}\n"
+                  f"--- completion ({length} tokens, {rec['forward_passes']} passes)\n{text}", flush=True)
         print(f"# batch {start // args.batch_size}: {wall:.2f} s, mode {out.stats['mode']}", file=sys.stderr)
     if args.output:
         atomic_write_jsonl(args.output, records)

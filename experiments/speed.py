@@ -26,29 +26,46 @@ The choice is written to `--out` (default `WORKDIR/eval/speed-<platform>.json`, 
 written whole, atomically), the format `experiments.generate --mode auto --speed` reads; the choice per
 batch size and every timed candidate are printed as Markdown tables. `--ckpt`: the checkpoint's
 directory, when the workdir's recorded path no longer exists and it is not the workdir's `train/final`.
+
+**Predicted for a target** (`--target`; no chip needed, `zarya_jax.bench.predict`): each lossless mode's
+speed-up over AR on the target at a preset's real shape, from the target compiler's cost model (the TPU
+compiler through libtpu, XLA:GPU through the CUDA plugin) and the acceptance the workdir's frontier measured,
+or a per-draft acceptance rate `--alpha` (then the workdir may be left out); nothing is timed:
+
+    python -m experiments.speed runs/quickstart --target tpu:v5e:4x4 --preset qwen3-1.7b --batches 1,64 \
+        --prompt 1024 --new 8192
+    python -m experiments.speed --alpha 0.8 --target gpu:h100 --preset qwen3-1.7b
+
+The curve, every priced candidate and the knobs predicted fastest per batch are printed, labelled as the
+cost model's; `--out` (default `WORKDIR/eval/predicted-<target>.json` with a workdir) gets them as JSON.
 Exit status: 0 done, 2 bad input (one `error:` line, nothing written).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 import jax
 
 from zarya_jax import overrides
+from zarya_jax.bench import predict
 from zarya_jax.eval import speed as speed_lib
 from zarya_jax.experiment.calibrate import POINTS, calibrate, read_report
 from zarya_jax.experiment.config import ExperimentConfig
-from zarya_jax.files import check_writable_file
+from zarya_jax.files import atomic_write_json, check_writable_file
 
 from . import cli
+from .bench.harness import mesh_config, names
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m experiments.speed", description=__doc__,
                                 epilog=overrides.help_table(overrides.keys(speed_lib.SpeedConfig)),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("workdir", help="a finished experiment's workdir (its report.json, checkpoint, drafter, data)")
+    p.add_argument("workdir", nargs="?", default=None,
+                   help="a finished experiment's workdir (its report.json, checkpoint, drafter, data); with --target "
+                   "and --alpha it may be left out")
     cli.add_set_flag(p, "batches=[1,8,64]")
     p.add_argument("--out", default=None, help="where the choice is written (default WORKDIR/eval/speed-<platform>.json)")
     p.add_argument("--ckpt", default=None, help="the checkpoint's directory, when the workdir no longer records it")
@@ -57,6 +74,16 @@ def build_parser() -> argparse.ArgumentParser:
                    "chosen: the frontier's chosen point per mode, every one timed (fewer programs to compile)")
     p.add_argument("--no-progress", action="store_true", help="no compile and decode progress on stderr")
     p.add_argument("--no-verify", action="store_true", help="read the checkpoint and adapter without their checksums")
+    t = p.add_argument_group("predicted for a target (nothing timed)")
+    t.add_argument("--target", default=None, help="tpu:GENERATION:SHAPE or gpu:MODEL[xN] (zarya_jax.target)")
+    t.add_argument("--preset", default="qwen3-1.7b", help="the model preset whose real shape is costed")
+    t.add_argument("--batches", default="1,64", help="comma-separated batch sizes")
+    t.add_argument("--prompt", type=int, default=1024, help="prompt tokens per row")
+    t.add_argument("--new", type=int, default=8192, help="new tokens per row")
+    t.add_argument("--mesh", default="", help="data,fsdp,tensor sizes (one may be -1); default the batch over every chip")
+    t.add_argument("--alpha", type=float, default=None,
+                   help="a per-draft acceptance rate in [0, 1) instead of the workdir's measured acceptance")
+    t.add_argument("--draft-lengths", default="2,4,8", help="with --alpha: the draft lengths priced per mode")
     return p
 
 
@@ -66,6 +93,10 @@ def main(argv=None) -> int:
 
 
 def _run(args) -> int:
+    if args.target is not None:
+        return _predicted(args)
+    if args.workdir is None or args.alpha is not None:
+        raise ValueError("a workdir is needed to time this device's choice (and --alpha only predicts, with --target)")
     report = read_report(args.workdir)
     base = overrides.build(ExperimentConfig, report.config).speed
     sc = overrides.apply(base, cli.set_overrides(args))
@@ -79,6 +110,42 @@ def _run(args) -> int:
     print(f"\n# every timed candidate (validation)\n{speed_lib.candidates_markdown(choice)}")
     print(f"\nwrote {out}")
     return 0
+
+
+def _predicted(args) -> int:
+    batches, lengths = (_integers(flag, text) for flag, text in (("--batches", args.batches),
+                                                                 ("--draft-lengths", args.draft_lengths)))
+    s = predict.PredictSettings(target=args.target, preset=args.preset, batches=batches, prompt=args.prompt,
+                                new=args.new, mesh=mesh_config(args.mesh))
+    s.check()
+    if args.alpha is not None:
+        points, acceptance = predict.alpha_points(args.alpha, lengths), f"a given rate α = {args.alpha:g} per draft"
+    elif args.workdir is None:
+        raise ValueError("--target needs a workdir (its measured acceptance) or --alpha")
+    else:
+        points = predict.workdir_points(read_report(args.workdir))
+        acceptance = f"tokens per forward measured on {args.workdir}'s validation frontier"
+    out = args.out or (args.workdir and os.path.join(args.workdir, "eval",
+                                                     f"predicted-{args.target.replace(':', '-')}.json"))
+    if out:
+        check_writable_file(out, "--out")
+    log = None if args.no_progress else lambda line: print(line, file=sys.stderr, flush=True)
+    results, md = predict.run(s, points, acceptance, log=log)
+    print(md)
+    if out:
+        atomic_write_json(out, results)
+        print(f"\nwrote {out}")
+    return 0
+
+
+def _integers(flag: str, text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in names(text))
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise ValueError(f"{flag} {text!r}: expected comma-separated positive integers")
+    return values
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ def test_every_program_compiles_for_a_tpu_and_fits(tmp_path):
     mesh with `attention=auto`: all compile, fit the chip, and every causal pass runs splash per shard
     (the fused cycle's prefill and cycles attend with window masks, always dense)."""
     assert bench_main(["--out", str(tmp_path), "aot", "--target", "tpu:v5e:2x2", "--presets", "tiny", "--seq", "256",
-                       "--batch", "8", "--decode-batch", "4", "--prompt", "128", "--new", "32"]) == 0
+                       "--batch", "8", "--decode-batch", "4", "--prompt", "128", "--new", "32", "--no-roofline"]) == 0
     rows = {r["program"]: r for r in json.loads((tmp_path / "aot.json").read_text())["rows"]}
     assert set(rows) == set(aot.PROGRAMS)
     for name, row in rows.items():

@@ -65,8 +65,12 @@ def s(tmp_path_factory, tiny_config, tiny_params):
     p["data"] = write("good.jsonl", good)
     p["latin1"] = write("latin1.jsonl", good.encode() + '{"prompt": "caf\xe9", "answer": "1"}\n'.encode("latin-1"), "wb")
     p["messages_str"] = write("messages.jsonl", '{"messages": "x"}\n')
-    # a prompt that is neither text nor a number (a number is rendered as its text)
+    # fields that are not text (a number is refused too: it is not read as its text)
     p["listprompt"] = write("listprompt.jsonl", '{"prompt": [3], "answer": "x"}\n')
+    p["numprompt"] = write("numprompt.jsonl", good.splitlines()[0] + '\n{"prompt": 3, "answer": "x"}\n')
+    p["numanswer"] = write("numanswer.jsonl", '{"prompt": "1+1=", "answer": 2.5}\n')
+    # an empty prompt, found only once rendered, on line 3 (after a blank line)
+    p["emptyprompt"] = write("emptyprompt.jsonl", good.splitlines()[0] + '\n\n{"prompt": "", "answer": "1"}\n')
     p["file"] = write("a_file", "not a directory")
     p["lora"] = write("lora.safetensors", "definitely not safetensors")
     os.makedirs(root / "badtok")
@@ -122,7 +126,10 @@ CASES = [
     ("train/missing-data", train, "--config tiny --workdir {root}/w --set data.train={root}/nope.jsonl", "does not exist"),
     ("train/non-utf8", train, "--config tiny --workdir {root}/w --set data.train={latin1}", "not UTF-8"),
     ("train/messages-str", train, "--config tiny --workdir {root}/w --set data.train={messages_str}", "'messages' must be"),
-    ("train/list-prompt", train, "--config tiny --workdir {root}/w --set data.train={listprompt}", "text fields"),
+    ("train/list-prompt", train, "--config tiny --workdir {root}/w --set data.train={listprompt}",
+     "listprompt.jsonl:1: malformed record: field 'prompt' is a list ([3]); expected text"),
+    ("train/number-answer", train, "--config tiny --workdir {root}/w --set data.train={numanswer}",
+     "numanswer.jsonl:1: malformed record: field 'answer' is a number (2.5); expected text"),
     ("train/unknown-key", train, "--config tiny --workdir {root}/w --set optim.learning_rate=1", "optim.learning_rate"),
     ("train/bad-type", train, "--config tiny --workdir {root}/w --set optim.lr=abc", "optim.lr='abc'"),
     ("train/no-config", train, "--config nope --workdir {root}/w", "neither a file nor a preset"),
@@ -208,6 +215,9 @@ CASES = [
      "cannot load the tokenizer"),
     ("generate/list-prompt", generate, "--ckpt {ckpt} --prompts-file {listprompt}", "string 'prompt'"),
     ("generate/non-utf8-prompts", generate, "--ckpt {ckpt} --prompts-file {latin1}", "not UTF-8"),
+    ("generate/draft-length-positions", generate, "--ckpt {ckpt} --prompt hi --mode spec-self "
+     "--set draft_length=1000", "prompts[0] needs 1066 positions (2 prompt + 64 new (max_new_tokens=64) + 1000 "
+     "look-ahead rows of spec-self's draft_length=1000) but the model has max_position_embeddings=512"),
     ("generate/max-new-0", generate, "--ckpt {ckpt} --prompt hi --max-new-tokens 0", "max_new_tokens=0"),
     # ---- python -m experiments.evaluate
     ("evaluate/limit-negative", evaluate, "--ckpt {ckpt} --data {data} --modes ar --limit -1 --out {root}/e",
@@ -221,7 +231,11 @@ CASES = [
     ("evaluate/messages-str", evaluate, "--ckpt {ckpt} --data {messages_str} --modes ar --out {root}/e",
      "'messages' must be"),
     ("evaluate/list-prompt", evaluate, "--ckpt {ckpt} --data {listprompt} --modes ar --out {root}/e",
-     "text fields"),
+     "listprompt.jsonl:1: field 'prompt' is a list ([3]); expected text"),
+    ("evaluate/number-prompt", evaluate, "--ckpt {ckpt} --data {numprompt} --modes ar --out {root}/e",
+     "numprompt.jsonl:2: field 'prompt' is a number (3); expected text"),
+    ("evaluate/empty-prompt", evaluate, "--ckpt {ckpt} --data {emptyprompt} --modes ar --out {root}/e",
+     "emptyprompt.jsonl:3: the prompt renders to no tokens"),
     ("evaluate/non-utf8", evaluate, "--ckpt {ckpt} --data {latin1} --modes ar --out {root}/e", "not UTF-8"),
     ("evaluate/knob-mode", evaluate, "--ckpt {ckpt} --data {data} --modes ar --knob ar.mode=mdm --out {root}/e",
      "mode 'ar' has no field 'mode'"),
@@ -229,6 +243,14 @@ CASES = [
      "--out {root}/e", "mode 'ar' has no field 'slot_size'"),
     ("evaluate/knob-not-shared", evaluate, "--ckpt {ckpt} --data {data} --modes ar --knob slot_size=4 "
      "--out {root}/e", "not a shared sampling field; it is a field of mode(s) ['slotted']"),
+    ("evaluate/knob-mode-not-evaluated", evaluate, "--ckpt {ckpt} --data {data} --modes ar --knob mdm.steps=4 "
+     "--out {root}/e", "--knob mdm.steps=4: mode 'mdm' is not evaluated (the modes are ar)"),
+    ("evaluate/set-knob-mode-not-evaluated", evaluate, "--ckpt {ckpt} --data {data} --modes ar "
+     "--set eval.knobs.mdm.steps=4 --out {root}/e", "eval.knobs.mdm.steps=4: mode 'mdm' is not evaluated"),
+    ("evaluate/unknown-key-suggests-keys", evaluate, "--ckpt {ckpt} --data {data} --modes ar --set eval.bogus=1 "
+     "--out {root}/e", "unknown config key 'eval.bogus'; did you mean ['eval.modes', 'eval.seed']"),
+    ("evaluate/draft-length-positions", evaluate, "--ckpt {ckpt} --data {data} --modes spec-self "
+     "--knob spec-self.draft_length=1000 --out {root}/e", "+ 1000 look-ahead rows of spec-self's draft_length=1000"),
     ("evaluate/knob-range", evaluate, "--ckpt {ckpt} --data {data} --modes slotted --knob slotted.slot_size=0 "
      "--out {root}/e", "slot_size=0"),
     ("evaluate/no-mask-before-ar", evaluate, "--ckpt {nomask} --data {data} --modes ar,mdm --out {root}/e",
@@ -417,3 +439,15 @@ def test_flipped_checkpoint_loads_only_unverified(s):
         return
     diff = [not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(jax.tree.leaves(good), jax.tree.leaves(bad))]
     assert any(diff)
+
+
+def test_truncated_checkpoint_names_the_param_and_the_cause(s):
+    """A truncated data file: the param, the params directory and a short cause, no object repr (Orbax wraps
+    TensorStore's error in one holding `<bound method … of TensorStore({`, cut mid-way)."""
+    for verify in (True, False):
+        with pytest.raises(CheckpointError) as e:
+            checkpoint.load(s["truncated"], verify=verify)
+        message = str(e.value)
+        assert "is damaged: cannot read param layers/" in message, message
+        assert f"{s['truncated']}/params" in message and "a data file is truncated; OUT_OF_RANGE" in message
+        assert "<" not in message and "TensorStore(" not in message and len(message) < 600, message

@@ -108,7 +108,9 @@ def test_byte_tokenizer_renders_the_raw_text():
     chat = {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}
     assert render.render(chat, tok) == ("user: x\nassistant: ", "y")
     fmt = PromptFormat(prompt_key="q", answer_key="a", system="S", prompt_template="Question: {prompt}\nAnswer:")
-    assert render.render({"q": "2+2?", "a": 4}, tok, fmt) == ("S\nQuestion: 2+2?\nAnswer:", "4")
+    assert render.render({"q": "2+2?", "a": "4"}, tok, fmt) == ("S\nQuestion: 2+2?\nAnswer:", "4")
+    with pytest.raises(ValueError, match=r"field 'a' is a number \(4\); expected text"):  # not read as "4"
+        render.render({"q": "2+2?", "a": 4}, tok, fmt)
     assert render.render(chat, tok, fmt) == ("system: S\nuser: x\nassistant: ", "y")
     assert render.render_prompt("hi", tok) == "hi"
 

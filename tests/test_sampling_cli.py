@@ -25,9 +25,11 @@ def test_generate_from_file_streams_rows(ckpt, tmp_path, capsys):
                    "--batch-size", "2", "--set", "prompt_bucket=8", "--output", str(out)])
     assert rc == 0
     stdout = capsys.readouterr().out
-    for i, p in enumerate(["hi there", "abc", "zarya"]):
-        assert f"=== [{i}]" in stdout and p in stdout
     records = [json.loads(line) for line in out.read_text().splitlines()]
+    for i, p in enumerate(["hi there", "abc", "zarya"]):  # the prompt and its completion, each labelled
+        r = records[i]
+        assert (f"=== [{i}] prompt\n{p}\n--- completion ({r['tokens']} tokens, {r['forward_passes']} passes)\n"
+                f"{r['text']}\n") in stdout
     assert [r["index"] for r in records] == [0, 1, 2]
     assert all(1 <= r["tokens"] <= 5 and r["forward_passes"] == r["tokens"] for r in records)
 
@@ -54,6 +56,13 @@ def test_bad_input_exits_nonzero(ckpt, tmp_path, capsys, argv, match):
     assert not out.exists()
 
 
+def test_help_explains_every_flag():
+    """Every flag has a help string, and the continued example of the description reads as two lines."""
+    parser = cli.build_parser()
+    assert all(action.help for action in parser._actions), [a.dest for a in parser._actions if not a.help]
+    assert "--batch-size 8 \\\n        --set temperature=0.7" in parser.format_help()
+
+
 def test_bad_mode_is_an_argparse_error(ckpt):
     with pytest.raises(SystemExit) as e:
         cli.main(["--ckpt", ckpt, "--prompt", "x", "--mode", "beam"])
@@ -68,7 +77,7 @@ def test_mode_knobs_typed_from_the_mode(ckpt):
     assert cli.generation_config(args) == GenerationConfig(mode=modes.mode("spec-self-fused", draft_length=3),
                                                            max_new_tokens=12, top_k=5)
     default = cli.build_parser().parse_args(["--ckpt", ckpt, "--prompt", "x"])
-    assert cli.generation_config(default).mode == modes.mode("mdm")  # mode A, as without --mode before
+    assert cli.generation_config(default).mode == modes.mode("ar")  # lossless, and reads no mask token
     assert "--mode slotted knobs" in cli.build_parser().epilog and "token_threshold" in cli.build_parser().epilog
 
 

@@ -1,5 +1,6 @@
 """Knobs chosen for time (`zarya_jax.eval.speed`): the prediction from the pass-cost curve, the nearest
 calibrated batch, the saved table; and the curve itself against a plain timing of the same passes."""
+import dataclasses
 import json
 
 import jax
@@ -7,7 +8,8 @@ import jax.numpy as jnp
 import pytest
 
 from zarya_jax.eval.results import FrontierPoint
-from zarya_jax.eval.speed import BatchChoice, Candidate, SpeedChoice, SpeedConfig, measured, pick, predict, to_time
+from zarya_jax.eval.speed import (BatchChoice, Candidate, SpeedChoice, SpeedConfig, markdown, measured, pick, predict,
+                                  to_time)
 from zarya_jax.config import ConfigError
 from zarya_jax.sampling import GenerationConfig, passes
 from zarya_jax.sampling.modes import mode
@@ -44,6 +46,54 @@ def test_prediction_prices_each_cycle_by_its_passes():
     assert cands[2].predicted_speedup == pytest.approx(4.5 / 9.0)                # one pass of 30 rows
     with pytest.raises(KeyError):  # a window the curve did not measure is not guessed
         predict(pts, costs[:2], 4, 32)
+
+
+def curve(*points):
+    return [{"batch": b, "window": w, "ms_per_pass": ms} for b, w, ms in points]
+
+
+def test_failed_points_are_at_the_floor_or_out_of_order():
+    """A point fails at the timer's floor, or when a pass of more rows (wider, or a bigger batch) costs
+    under 0.8× one of fewer; the point in the most inversions is blamed, a tie going to the cheaper, larger
+    one; an inversion within noise is allowed, and a point marked failed stays failed."""
+    rows = curve((1, 1, 1.0), (1, 4, 1.2), (1, 5, 1e-6), (1, 8, 1.0), (1, 9, -0.002), (1, 16, 0.5),
+                 (2, 1, 5.0), (2, 4, 1.0), (2, 8, 1.1), (2, 16, 1.3),
+                 (8, 1, 0.5), (8, 4, 2.0), (8, 8, 2.2), (8, 16, 3.0))
+    rows.append({"batch": 4, "window": 1, "ms_per_pass": None, "failed": "batch 4, window 1: measured before"})
+    failed = passes.failed_points(rows)
+    assert set(failed) == {(1, 5), (1, 9), (1, 16), (2, 1), (8, 1), (4, 1)}
+    assert "batch 1, window 9" in failed[1, 9] and "-0.002 ms" in failed[1, 9] and "floor" in failed[1, 9]
+    assert "batch 1, window 5" in failed[1, 5] and "1e-06 ms" in failed[1, 5]
+    assert "batch 1, window 16: 0.5 ms" in failed[1, 16] and "out of order" in failed[1, 16]  # under 1.0 and 1.2
+    assert "batch 2, window 1: 5 ms" in failed[2, 1]          # a spike: dearer than every wider window at batch 2
+    assert "batch 8, window 1: 0.5 ms" in failed[8, 1]        # under batch 1's window 1
+    assert failed[4, 1] == "batch 4, window 1: measured before"
+    # (1, 8) and (2, 1) under (1, 1), but within 0.8×: allowed
+    assert passes.failed_points(curve((1, 1, 1.0), (1, 8, 0.85), (2, 1, 0.85))) == {}
+    # one inversion: the wider or bigger, cheaper point is blamed
+    assert list(passes.failed_points(curve((1, 1, 1.0), (1, 8, 0.5)))) == [(1, 8)]
+    assert list(passes.failed_points(curve((1, 4, 1.0), (2, 4, 0.7)))) == [(2, 4)]
+
+
+def test_prediction_never_uses_a_failed_point():
+    """A candidate whose cycle needs a failed point at the batch is not priced (nor timed); the others are
+    priced as before; where AR's window 1 failed only AR (1×) is left; the report names the failed points."""
+    good = [{"batch": 4, "window": w, "ms_per_pass": ms} for w, ms in ((1, 1.0), (4, 2.0), (5, 4.0), (30, 9.0))]
+    fail = lambda r: dict(r, ms_per_pass=None, failed=f"batch 4, window {r['window']}: failed")  # noqa: E731
+    pts = [point("ar", 1.0), point("spec-lora", 3.0, draft_length=4), point("spec-self-fused", 4.5, draft_length=4)]
+    elsewhere = [{"batch": 8, "window": 30, "ms_per_pass": None, "failed": "batch 8, window 30: failed"}]
+    cands = predict(pts, good[:3] + [fail(good[3])] + elsewhere, 4, 32)
+    assert [(c.mode, c.predicted_speedup) for c in cands] == [("ar", 1.0), ("spec-lora", pytest.approx(1.0))]
+    assert to_time(cands, 3) == cands
+    floor = dict(good[2], ms_per_pass=1e-6)   # an old clamped slope: at the floor, so failed too
+    assert [c.mode for c in predict(pts, good[:2] + [floor, good[3]], 4, 32)] == ["ar", "spec-self-fused"]
+    only_ar = predict(pts, [fail(good[0])] + good[1:], 4, 32)
+    assert [(c.mode, c.predicted_speedup) for c in only_ar] == [("ar", 1.0)]
+    timed = measured(to_time(only_ar, 3), [[100.0, 90.0]])
+    assert pick(timed, 0.05) == timed[0]
+    table = dataclasses.replace(choice(), costs=[fail(good[0])] + good[1:])
+    assert "batch 4, window 1: failed" in markdown(table) and "batch 4, window 4" not in markdown(table)
+    assert SpeedChoice.from_json(json.loads(json.dumps(table.to_json()))) == table
 
 
 def test_every_mode_has_its_fastest_predicted_point_timed():

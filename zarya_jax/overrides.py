@@ -211,10 +211,15 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
     return value
 
 
+class UnknownKey(ConfigError):
+    """A key the tree does not have (`unknown`): its text names the key as typed and suggests other keys,
+    so a command that renames keys to its flags in errors must leave this one as it is."""
+
+
 def unknown(key: str, known: Iterable[str], what: str = "config key") -> ConfigError:
     close = difflib.get_close_matches(key, list(known), n=3)
     hint = f"; did you mean {close}?" if close else ""
-    return ConfigError(f"unknown {what} {key!r}{hint} (run with --help for the list)")
+    return UnknownKey(f"unknown {what} {key!r}{hint} (run with --help for the list)")
 
 
 def keys(cls, prefix: str = "", defaults: Any = None) -> list[tuple[str, str, Any]]:

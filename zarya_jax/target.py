@@ -39,6 +39,8 @@ TPU_GENERATIONS = ("v4", "v5e", "v5p", "v6e")
 GPU_CONFIGS = Path(__file__).parent / "gpu_targets"  # <model>.txtpb: a GpuTargetConfigProto per GPU model
 GPU_MODELS = tuple(sorted(p.stem for p in GPU_CONFIGS.glob("*.txtpb")))
 GPUS_PER_HOST = 8
+# What a TPU worker of each generation calls its accelerator type (a topology compiled on a CPU host names one).
+_ACCELERATOR_TYPES = {"v4": "v4-8", "v5e": "v5litepod-4", "v5p": "v5p-8", "v6e": "v6e-4"}
 _GPU = re.compile(r"([a-z0-9]+?)(?:x([1-9][0-9]*))?")
 
 
@@ -85,6 +87,9 @@ def devices(target: str) -> tuple[jax.Device, ...]:
         return _gpu_devices(target, *gpu_topology(topology))
     # libtpu takes a machine-wide lock file when it loads; a topology needs no chip, so sharing is safe.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    if jax.default_backend() != "tpu":  # not a TPU worker: say so, or libtpu prints errors looking for its peers
+        os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+        os.environ.setdefault("TPU_ACCELERATOR_TYPE", _ACCELERATOR_TYPES.get(topology.partition(":")[0], ""))
     from jax.experimental import topologies
     try:
         return tuple(topologies.get_topology_desc(platform="tpu", topology_name=topology).devices)

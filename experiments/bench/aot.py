@@ -8,8 +8,10 @@
 train step (`zarya`, `zarya-nonslotted`, `drafter`, `draft-model`, `grpo`, `eval`) at `--batch` × `--seq` and
 every decoder `generate()` runs at `--decode-batch` prompts of `--prompt` + `--new` tokens, on the project's
 mesh (`--mesh data,fsdp,tensor`), rules and donation; per program: compiled or the compiler's first error
-line, per-chip memory against the chip's HBM, compile time and attention kernel. What it compiles and how
-to read it: `zarya_jax.bench.aot` (`compile_rows(AotSettings(...))`), docs/parallelism.md.
+line, per-chip memory against the chip's HBM, compile time and attention kernel; and its roofline by the
+target compiler's cost model (bytes and FLOPs per chip of a train step or a decoder's cycle and its passes,
+the roofline time and a hand bound beside it; `--no-roofline` skips it, `zarya_jax.bench.roofline`). What it
+compiles and how to read it: `zarya_jax.bench.aot` (`compile_rows(AotSettings(...))`), docs/parallelism.md.
 """
 from __future__ import annotations
 
@@ -36,6 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention", default="auto", help="model.attention for every program")
     p.add_argument("--remat", default="true", choices=("true", "false"), help="recompute each layer in the backward")
     p.add_argument("--layer-loop", default="auto", help="GenerationConfig.layer_loop of every decoder: auto, split, scan")
+    p.add_argument("--no-roofline", action="store_true",
+                   help="memory only: no roofline rows (each costs compiles of two- and three-layer programs)")
 
 
 def settings(args) -> aot.AotSettings:
@@ -43,7 +47,7 @@ def settings(args) -> aot.AotSettings:
     return aot.AotSettings(targets=names(args.target), presets=names(args.presets), programs=programs,
                            mesh=mesh_config(args.mesh), seq=args.seq, batch=args.batch, decode_batch=args.decode_batch,
                            prompt=args.prompt, new=args.new, attention=args.attention, remat=args.remat == "true",
-                           layer_loop=args.layer_loop)
+                           layer_loop=args.layer_loop, roofline=not args.no_roofline)
 
 
 def run(args) -> tuple[dict, str]:

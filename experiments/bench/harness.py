@@ -105,6 +105,7 @@ def main(benchmarks: dict, argv=None, description: str = "") -> int:
         results, md = benchmarks[args.command].run(args)
         write_results(args.out, args.command, results, md)
         print(md)
+        print(f"\nwrote {args.out}/{args.command}.json and {args.command}.md")
         return 0
 
     return cli.run(body)

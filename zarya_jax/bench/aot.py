@@ -28,6 +28,7 @@ without libtpu; its numbers are the CPU compiler's.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import time
 
@@ -45,12 +46,17 @@ from ..objectives.zarya import zarya_objective
 from ..rl import grpo
 from ..rl.trainer import BATCH_KEYS as GRPO_KEYS, grpo_objective
 from ..sampling.config import LAYER_LOOPS, GenerationConfig
+from ..nn import kv_cache
+from ..nn.partitioning import spec_for
+from ..sampling import passes
 from ..sampling.modes import MODES
 from ..train import sharding as shd
 from ..train.checkpoints import abstract_like
 from ..train.draft_model import draft_model_config, lora_budget, sized_to
 from ..train.optim import OptimConfig
+from ..train.metrics import train_flops_per_token
 from ..train.step import build_steps
+from . import roofline as rl
 from .results import GIB, markdown_table
 from .train import TOTAL_STEPS, abstract_batch, model_config, token_shapes
 
@@ -67,7 +73,8 @@ class AotSettings:
     """What `compile_rows` compiles: each program of `programs` for each preset of `presets` on each target of
     `targets`, on `mesh` (default: FSDP over all chips); train programs at `batch` × `seq`, decoders at
     `decode_batch` prompts of `prompt` tokens + `new`, their layers run by `layer_loop`
-    (`GenerationConfig.layer_loop`); every model with `attention` and `remat`."""
+    (`GenerationConfig.layer_loop`); every model with `attention` and `remat`. roofline: each program's
+    roofline row too (`costed_row`: more compiles, of two- and three-layer programs)."""
 
     targets: tuple[str, ...] = ("tpu:v5e:4x4",)
     presets: tuple[str, ...] = ("qwen3-1.7b", "qwen3-4b")
@@ -81,6 +88,7 @@ class AotSettings:
     attention: str = "auto"
     remat: bool = True
     layer_loop: str = "auto"
+    roofline: bool = True
 
     def check(self) -> None:
         """ValueError naming the first bad setting (before anything compiles)."""
@@ -116,6 +124,7 @@ class AotRow:
     temporaries_gib: float | None = None
     total_gib: float | None = None
     fits: bool | None = None
+    roofline: dict | None = None  # `costed_row`'s, for a compiled program when asked
 
     def as_json(self) -> dict:
         row = {k: getattr(self, k) for k in ("target", "preset", "program", "mesh", "shape", "hbm_gib")}
@@ -126,7 +135,7 @@ class AotRow:
             return {**row, "error": self.error, "compile_s": self.compile_s}
         return {**row, "compile_s": self.compile_s,
                 **{k: getattr(self, k) for k in ("arguments_gib", "outputs_gib", "temporaries_gib", "total_gib",
-                                                 "fits")}}
+                                                 "fits")}, **({"roofline": self.roofline} if self.roofline else {})}
 
 
 def _weights(cfg, mesh, lora: LoraConfig | None = None):
@@ -157,21 +166,25 @@ def _train_lowered(objective, init_trainable, frozen, mesh, batch: dict, evaluat
                                           scalar(jnp.uint32, (2,)), scalar(jnp.int32))
 
 
-def train_lowered(program: str, cfg, mesh, rows: int, seq: int, new: int):
-    """The lowered train-side `program` (one of `TRAIN`) for model `cfg` at `rows` × `seq` on `mesh`."""
+def _train_program(program: str, cfg, mesh, rows: int, seq: int, new: int, layers: int | None = None):
+    """(objective, init_trainable, frozen, batch, the config whose FLOPs the objective's `forward_passes` count)
+    of the train-side `program` for model `cfg`; at `layers` layers, unrolled, when given (the roofline's
+    compiles: a draft model keeps the size the whole model gives it, unrolled)."""
     tokens = abstract_batch(mesh, token_shapes(rows, seq))
-    init = lambda k: model_lib.init_params(cfg, k)
+    base = cfg if layers is None else rl.unrolled(cfg, layers)
+    init = lambda k: model_lib.init_params(base, k)  # noqa: E731
     if program in ("zarya", "zarya-nonslotted", "eval"):
         zc = ZaryaConfig(slotted_training=program != "zarya-nonslotted")
-        return _train_lowered(zarya_objective(cfg, zc), init, None, mesh, tokens, program == "eval")
+        return zarya_objective(base, zc), init, None, tokens, cfg
     if program == "drafter":
         lora = LoraConfig()
-        return _train_lowered(drafter_objective(cfg, lora, DrafterConfig()), lambda k: lora_lib.init_lora(cfg, lora, k),
-                              _weights(cfg, mesh), mesh, tokens)
+        return (drafter_objective(base, lora, DrafterConfig()), lambda k: lora_lib.init_lora(base, lora, k),
+                _weights(base, mesh), tokens, cfg)
     if program == "draft-model":
         student = draft_model_config(cfg, sized_to(cfg, lora_budget(cfg, LoraConfig())))
-        return _train_lowered(distill_objective(student, cfg, DistillConfig()),
-                              lambda k: model_lib.init_params(student, k), _weights(cfg, mesh), mesh, tokens)
+        costed = student if layers is None else rl.unrolled(student, student.num_layers)
+        return (distill_objective(costed, base, DistillConfig()), lambda k: model_lib.init_params(costed, k),
+                _weights(base, mesh), tokens, student)
     if program == "grpo":
         g = min(new, seq - seq // 4)  # completions after a quarter-length prompt, within the sequence
         shapes = {"tokens": ((rows, seq), jnp.int32), "prompt_lengths": ((rows, 1), jnp.int32),
@@ -179,9 +192,15 @@ def train_lowered(program: str, cfg, mesh, rows: int, seq: int, new: int):
                   "old_logprobs": ((rows, g), jnp.float32), "advantages": ((rows, 1), jnp.float32),
                   "ref_logprobs": ((rows, g), jnp.float32)}
         assert tuple(shapes) == GRPO_KEYS
-        return _train_lowered(grpo_objective(cfg, grpo.GRPOConfig(), 1.0), init, None, mesh,
-                              abstract_batch(mesh, shapes))
+        return grpo_objective(base, grpo.GRPOConfig(), 1.0), init, None, abstract_batch(mesh, shapes), cfg
     raise ConfigError(f"program {program!r}: expected one of {PROGRAMS}")
+
+
+def train_lowered(program: str, cfg, mesh, rows: int, seq: int, new: int, layers: int | None = None):
+    """The lowered train-side `program` (one of `TRAIN`) for model `cfg` at `rows` × `seq` on `mesh` (at
+    `layers` layers, unrolled, when given)."""
+    objective, init, frozen, batch, _ = _train_program(program, cfg, mesh, rows, seq, new, layers)
+    return _train_lowered(objective, init, frozen, mesh, batch, program == "eval")
 
 
 def decode_lowered(program: str, cfg, mesh, batch: int, prompt: int, new: int, layer_loop: str = "auto"):
@@ -192,6 +211,87 @@ def decode_lowered(program: str, cfg, mesh, batch: int, prompt: int, new: int, l
         params, adapter = _weights(cfg, mesh, lora)
         return generate_lib.lower(params, cfg, gc, batch, prompt, mesh=mesh, lora_params=adapter, lora=lora)
     return generate_lib.lower(_weights(cfg, mesh), cfg, gc, batch, prompt, mesh=mesh)
+
+
+def pass_lowered(cfg, mesh, batch: int, window: int, rows: int):
+    """One cached decode pass (`sampling.passes.cached_pass`, the cache donated) of `window` rows at `batch`
+    against a cache of `rows` rows read densely (`cache_block=0`: what the live read of that many rows reads,
+    in a form the compiler counts), lowered on `mesh`: params in the compute dtype as the rules place them,
+    the cache's rows split over the batch axes and its K/V heads over the tensor axis."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    c = cfg.replace(cache_block=0)
+    spec = lambda shape, axes: spec_for(shape, axes, mesh)  # noqa: E731
+    at = lambda x, *parts: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, P(*parts)))  # noqa: E731
+    cache = jax.eval_shape(lambda: kv_cache.init(c, batch, rows))
+    b = spec((batch,), ("batch",))[0]
+    heads = spec((c.num_kv_heads,), ("kv_heads",))[0]
+    cache = {"k": at(cache["k"], None, b, heads), "v": at(cache["v"], None, b, heads), "length": at(cache["length"], b)}
+    tokens = at(jax.ShapeDtypeStruct((batch, window), jnp.int32), b, None)
+    return jax.jit(passes.cached_pass, static_argnames=("config",), donate_argnames=("cache",)).lower(
+        _weights(c, mesh), cache, tokens, tokens, config=c)
+
+
+def _costed(lower_at, layers: int) -> tuple[rl.Counts, str]:
+    """(counts at `layers` layers extrapolated from `rl.LAYERS`, the attention kernel) of `lower_at(depth)`."""
+    found, kern = [], "dense"
+    for depth in rl.LAYERS:
+        lowered = lower_at(depth)
+        text = lowered.as_text()
+        found.append(rl.counts(lowered.compile(), text))
+        kern = kernel(text)
+    return rl.extrapolate(*found, layers), kern
+
+
+@functools.lru_cache(maxsize=256)
+def pass_counts(cfg, mesh, batch: int, window: int, rows: int) -> rl.Counts:
+    """The compiler's counts of one decode pass (`pass_lowered`) at the model's depth (one compile per depth of
+    `rl.LAYERS`, shared by every decoder that runs that pass)."""
+    return _costed(lambda depth: pass_lowered(rl.unrolled(cfg, depth), mesh, batch, window, rows), cfg.num_layers)[0]
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1e3 * seconds
+
+
+def costed_row(program: str, cfg, mesh, s: AotSettings) -> dict | None:
+    """The roofline of `program` per chip by the target's cost model (`bench.roofline`; None for a chip the
+    tables do not know): a train step's counts at the model's depth, with the hand bound 6N + attention
+    FLOPs ÷ peak and the MFU bound it gives (hand ÷ roofline time); a decoder's cycle (its passes,
+    `passes.cycle_windows`, each at the mean live context of a `prompt` + `new` decode: mode A and B, whose
+    cycles these do not cost, one pass) with the hand bound weights + live K/V ÷ bandwidth, every pass listed."""
+    chip = rl.Chip.of(mesh.devices.flat[0])
+    if chip is None:
+        return None
+    chips = mesh.devices.size
+    if program in DECODE:
+        gc = DECODE[program].replace(max_new_tokens=s.new)
+        cycle = passes.cycle_windows(gc)
+        windows = cycle or (passes.window_rows(gc),)
+        rows = rl.live_rows(s.prompt + s.new // 2, cfg.cache_block)
+        per = {w: pass_counts(cfg, mesh, s.decode_batch, w, rows) for w in windows}
+        total = functools.reduce(lambda a, b: a + b, (per[w] for w in windows))
+        hand = len(windows) * rl.decode_hand_bytes(cfg, chips, s.decode_batch, rows) / chip.bandwidth
+        return {"counted": ("cycle of passes " + "+".join(map(str, windows))) if cycle else f"pass of {windows[0]}",
+                "live_rows": rows, **_figures(chip, total), "hand_ms": _ms(hand), "kernel": "dense",
+                "passes": [{"window": w, **_figures(chip, per[w]),
+                            "hand_ms": _ms(rl.decode_hand_bytes(cfg, chips, s.decode_batch, rows) / chip.bandwidth)}
+                           for w in sorted(per)]}
+    counted, kern = _costed(lambda depth: train_lowered(program, cfg, mesh, s.batch, s.seq, s.new, depth),
+                            cfg.num_layers)
+    objective, _, _, _, flops_cfg = _train_program(program, cfg, mesh, s.batch, s.seq, s.new)
+    flops = train_flops_per_token(flops_cfg, s.seq, objective.forward_passes) * s.batch * s.seq / chips
+    hand = (flops / 3 if program == "eval" else flops) / chip.peak  # the evaluation runs the forward only
+    row = {"counted": "step", **_figures(chip, counted), "hand_ms": _ms(hand),
+           "mfu_bound": hand / chip.seconds(counted), "kernel": kern}
+    if kern == "splash":
+        row["note"] = "splash attention is a custom call: its FLOPs and bytes are not in the counts"
+    return row
+
+
+def _figures(chip: rl.Chip, c: rl.Counts) -> dict:
+    return {"gflops": c.flops / 1e9, "gbytes": c.bytes / 1e9, "roofline_ms": _ms(chip.seconds(c)),
+            "bound": chip.bound(c), "optimal_ms": _ms(c.optimal_s), "loops": c.loops}
 
 
 def kernel(text: str) -> str:
@@ -229,9 +329,16 @@ def compile_row(program: str, target: str, preset_name: str, mesh, s: AotSetting
         return AotRow(**row, status="error", error=(lines[0] if lines else type(e).__name__)[:300],
                       compile_s=time.perf_counter() - t0)
     m = target_lib.memory(compiled)
-    return AotRow(**row, status="compiled", compile_s=time.perf_counter() - t0,
+    compile_s = time.perf_counter() - t0
+    roofline = None
+    if s.roofline:
+        try:
+            roofline = costed_row(program, cfg, mesh, s)
+        except Exception as e:  # noqa: BLE001 - a costing compile refused is reported, the program still compiled
+            roofline = {"error": ([line for line in str(e).splitlines() if line.strip()] or [type(e).__name__])[0][:300]}
+    return AotRow(**row, status="compiled", compile_s=compile_s,
                   **{f"{k}_gib": v / GIB for k, v in m.items() if k != "aliased"},
-                  fits=None if hbm is None else m["total"] <= hbm)
+                  fits=None if hbm is None else m["total"] <= hbm, roofline=roofline)
 
 
 def _check_cudnn(s: AotSettings) -> None:
@@ -267,6 +374,23 @@ def markdown(rows: list[AotRow]) -> str:
                "temporaries_gib", "total_gib", "hbm_gib", "fits", "compile_s"]
     md = ["Per chip, from the target's compiler (GiB; total = arguments + outputs − donated + temporaries):", "",
           markdown_table(table, columns)]
+    costed = [{**{k: r[k] for k in ("target", "preset", "program", "shape")}, **r["roofline"]}
+              for r in table if r.get("roofline")]
+    if costed:
+        md += ["Roofline per chip, by the target compiler's cost model (not a measurement; `zarya_jax.bench.roofline`): "
+               "GFLOPs and GB accessed, roofline ms = max(bytes ÷ HBM bandwidth, FLOPs ÷ peak), the compiler's "
+               "optimal ms where positive, and the hand bound (a train step: 6N + attention FLOPs ÷ peak, and the MFU "
+               "bound hand ÷ roofline; a decoder: weights + live K/V ÷ bandwidth per pass) for a train step or "
+               "a decoder's cycle at the mean live context; `loops`: loop bodies the counts hold once:", "",
+               markdown_table(costed, ["target", "preset", "program", "shape", "counted", "gflops", "gbytes",
+                                       "roofline_ms", "bound", "optimal_ms", "hand_ms", "mfu_bound", "loops",
+                                       "kernel", "note", "error"])]
+        per_pass = [{**{k: r[k] for k in ("target", "preset", "program")}, "live_rows": r["live_rows"], **p}
+                    for r in costed if "passes" in r for p in r["passes"]]
+        if per_pass:
+            md += ["Each decoder's passes (window rows; the cache read densely at `live_rows`):", "",
+                   markdown_table(per_pass, ["target", "preset", "program", "window", "live_rows", "gflops",
+                                             "gbytes", "roofline_ms", "bound", "optimal_ms", "hand_ms"])]
     errors = [r for r in table if r["status"] == "error"]
     if errors:
         md += ["First error line of each program that did not compile:", "",

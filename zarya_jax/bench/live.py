@@ -60,8 +60,12 @@ class LiveSettings:
 
 
 def _pass_ms(params, cfg, s: LiveSettings, batch: int, context: int, allocated: int) -> float:
-    return pass_costs(params, cfg, [batch], [s.window if batch == s.batch else 1], context, s.repeats,
-                      allocated=allocated)[0]["ms_per_pass"]
+    row = pass_costs(params, cfg, [batch], [s.window if batch == s.batch else 1], context, s.repeats,
+                     allocated=allocated)[0]
+    if row["ms_per_pass"] is None:  # still at the timer's floor after its remeasurements: never a cost
+        raise RuntimeError(f"bench live: the pass at {allocated or context} allocated rows failed to measure "
+                           f"({row['failed']}); rerun on a quieter machine or with --repeats raised")
+    return row["ms_per_pass"]
 
 
 def passes(s: LiveSettings) -> list[dict]:

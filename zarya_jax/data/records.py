@@ -5,7 +5,8 @@
 byte-order mark at the start of the file is dropped.
 `valid_records` adds what a valid record is (`{"prompt", "answer"}` under the prompt format's field names,
 or chat `messages`: `zarya_jax.data.render.parse`); each caller decides whether a bad line stops the read
-or is skipped; `read_jsonl` is the strict reader (a bad line stops it).
+or is skipped; `read_jsonl` is the strict reader (a bad line stops it). Its records are `Record`s: dicts
+that know their "FILE:LINE", so an error found only once a tokenizer renders them names the line too.
 """
 from __future__ import annotations
 
@@ -15,6 +16,18 @@ from typing import Any, Iterator
 from ..config import PromptFormat
 from ..files import input_file_problem
 from . import render
+
+
+class Record(dict):
+    """A record as `read_jsonl` read it: a plain dict, and `origin`, its "FILE:LINE" (1-based)."""
+
+    origin: str = ""
+
+
+def where(record: Any, index: int) -> str:
+    """How an error names a record: its "FILE:LINE" when `read_jsonl` read it, else "record INDEX" (its
+    0-based place in a list built in memory)."""
+    return getattr(record, "origin", "") or f"record {index}"
 
 
 def jsonl_lines(path: str) -> Iterator[tuple[int, Any]]:
@@ -58,7 +71,8 @@ def read_jsonl(path: str, fmt: PromptFormat = PromptFormat(), *, need_answer: bo
     for i, record in valid_records(path, fmt, need_answer=need_answer):
         if isinstance(record, ValueError):
             raise ValueError(f"{path}:{i}: {record}")
-        records.append(record)
+        records.append(Record(record))
+        records[-1].origin = f"{path}:{i}"
     if not records:
         raise ValueError(f"data file {path!r} holds no records")
     return records

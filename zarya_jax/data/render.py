@@ -6,7 +6,8 @@ with a `PromptFormat` (`zarya_jax.config`), and a trained checkpoint records the
 with, so the token ids a model is evaluated on are exactly those it was trained on.
 
 Records (one JSON object per JSONL line):
-- prompt/answer: `{PROMPT_KEY: str, ANSWER_KEY: str}` (numbers are read as text), the keys set by
+- prompt/answer: `{PROMPT_KEY: str, ANSWER_KEY: str}` (a number or any other non-text value is refused,
+  not read as its text: `3` and `3.0` would be two answers), the keys set by
   `prompt_key` / `answer_key` (GSM8K: `question` / `answer`); other fields are ignored. The prompt
   field, placed into `prompt_template`, is one user turn.
 - chat: `{"messages": [{"role", "content"}, …]}` whose last message is the assistant's answer.
@@ -21,6 +22,7 @@ The answer is the answer field (or the last message) as it is; the caller append
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ..config import PromptFormat
@@ -29,12 +31,14 @@ __all__ = ["PromptFormat", "parse", "render", "render_prompt", "prompt_messages"
 
 
 def _text(record: dict, key: str) -> str | None:
+    """Field `key` of a prompt/answer record: its text, None when absent (or null); any other JSON value is
+    a ValueError naming its kind (a number stringified is text the file never held: 2.50 reads "2.5")."""
     value = record.get(key)
-    if isinstance(value, str):
+    if value is None or isinstance(value, str):
         return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)
-    return None
+    kind = ("a boolean" if isinstance(value, bool) else "a number" if isinstance(value, (int, float))
+            else "a list" if isinstance(value, list) else "an object")
+    raise ValueError(f"field {key!r} is {kind} ({json.dumps(value)[:40]}); expected text")
 
 
 def parse(record: Any, fmt: PromptFormat = PromptFormat(), *, need_answer: bool = True) -> tuple[list[dict], str, bool]:

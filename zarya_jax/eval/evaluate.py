@@ -31,6 +31,7 @@ from tqdm import tqdm
 from .. import overrides as ov
 from ..config import ConfigError, PromptFormat, missing_mask_token
 from ..data import render
+from ..data.records import where
 from ..files import atomic_directory, atomic_write
 from ..inference import Inference
 from ..sampling import GenerationConfig, generate
@@ -387,17 +388,18 @@ def render_records(records: list[dict], tokenizer, prompt_format: PromptFormat, 
                    pattern: str | None) -> tuple[list[tuple[str, str]], list[list[int]], list[str | None]]:
     """(prompt, answer) texts, prompt ids and the reference answers of `records`, rendered with
     `prompt_format` (`zarya_jax.data.render`); a record that does not render, or an empty prompt, is an
-    error naming the record."""
+    error naming the record (`records.where`: FILE:LINE for records read from a file)."""
     pairs = []
     for i, record in enumerate(records):
         try:
             pairs.append(render.render(record, tokenizer, prompt_format))
         except ValueError as e:
-            raise ValueError(f"record {i}: {e}") from None
+            raise ValueError(f"{where(record, i)}: {e}") from None
     prompts = [tokenizer.encode(p) for p, _ in pairs]
-    empty = [i for i, p in enumerate(prompts) if not p]
+    empty = [where(records[i], i) for i, p in enumerate(prompts) if not p]
     if empty:
-        raise ValueError(f"records {empty[:5]} have empty prompts")
+        more = f" (and {len(empty) - 1} more, e.g. {empty[1]})" if len(empty) > 1 else ""
+        raise ValueError(f"{empty[0]}: the prompt renders to no tokens{more}; expected a non-empty prompt")
     return pairs, prompts, [answers.reference(a, method, pattern) for _, a in pairs]
 
 

@@ -4,7 +4,9 @@
 Tokens per forward pass is what a checkpoint's drafts buy; what a pass costs is the device's, and it
 depends on the pass's rows and the batch. So, after the validation frontier:
 1. the pass-cost curve c(b, W) on the device in use (`sampling.passes.pass_costs`: ms of a cached pass of
-   W rows at batch b), at the windows the candidates' cycles run (`sampling.passes.cycle_windows`);
+   W rows at batch b), at the windows the candidates' cycles run (`sampling.passes.cycle_windows`); a
+   point at the timer's floor or out of order is remeasured, and one that still fails is never used
+   (`passes.failed_points`: a candidate needing it is not priced at that batch);
 2. each lossless frontier point's predicted speed-up over AR at batch b: its tokens per forward over AR's,
    times AR's pass cost over its mean pass cost: (tpf / tpf_AR) · c(b, 1) / mean over its passes of c(b, W);
 3. per batch size, AR, the `confirm` points predicted fastest and each lossless mode's point predicted
@@ -223,12 +225,17 @@ def predicted_speedup(point: FrontierPoint, windows: tuple[int, ...], ar_tpf: fl
 
 
 def predict(points: list[FrontierPoint], costs: list[dict], batch: int, max_new_tokens: int) -> list[Candidate]:
-    """Every costed lossless point as a `Candidate` at `batch`, AR first, then by predicted speed-up."""
+    """Every costed lossless point as a `Candidate` at `batch`, AR first, then by predicted speed-up. A failed
+    curve point (`passes.failed_points`) is never used: a point whose cycle needs one at `batch`, or
+    needs AR's (window 1, every prediction's numerator), is left out, so neither priced nor timed; AR
+    is 1× by definition and always a candidate."""
     cost = {(r["batch"], r["window"]): r["ms_per_pass"] for r in costs}
+    failed = passes.failed_points(costs)
     priced = costed(points, max_new_tokens)
     ar = next(p for p, _ in priced if p.mode == "ar")
     cands = [Candidate(p.mode, dict(p.knobs), p.point, p.tokens_per_forward,
-                       predicted_speedup(p, w, ar.tokens_per_forward, cost, batch)) for p, w in priced]
+                       1.0 if p is ar else predicted_speedup(p, w, ar.tokens_per_forward, cost, batch))
+             for p, w in priced if p is ar or not any((batch, x) in failed for x in (1, *w))]
     return sorted(cands, key=lambda c: (c.mode != "ar", -c.predicted_speedup))
 
 
@@ -254,8 +261,14 @@ def curve(model: Inference, points: list[FrontierPoint], prompts: list[list[int]
               file=sys.stderr, flush=True)
 
     def said(row):
-        print(f"  batch {row['batch']}, window {row['window']}: {row['ms_per_pass']:.3f} ms per pass",
-              file=sys.stderr, flush=True)
+        n = row["measurements"]
+        if "failed" in row:  # found failed: remeasured next, or (no ms left) failed for good
+            line = (f"failed after {n} measurement{'s' * (n > 1)}, "
+                    f"{'remeasuring' if row['ms_per_pass'] is not None else 'not used'}: {row['failed']}")
+        else:
+            line = (f"batch {row['batch']}, window {row['window']}: {row['ms_per_pass']:.3f} ms per pass"
+                    + (f" (measurement {n})" if n > 1 else ""))
+        print(f"  {line}", file=sys.stderr, flush=True)
 
     return passes.pass_costs(model.params, model.config, sc.batches, windows, context, sc.repeats,
                              on_row=said if progress else None)
@@ -343,7 +356,16 @@ def markdown(choice: SpeedChoice) -> str:
         test = "–" if c.test_tokens_per_s is None else f"{c.test_tokens_per_s:.0f} ({c.test_ar_tokens_per_s:.0f})"
         lines.append(f"| {c.batch} | {ch.mode} {ch.point or ''} | {ch.tokens_per_forward:.2f} | "
                      f"{x(ch.predicted_speedup)} | {x(ch.speedup)} | {test} | {x(c.test_speedup)} |")
-    return "\n".join(lines)
+    return "\n".join(lines + failed_lines(choice.costs))
+
+
+def failed_lines(costs: list[dict]) -> list[str]:
+    """Lines naming each failed point of the curve and why (none if none failed): not used in any prediction."""
+    failed = passes.failed_points(costs)
+    if not failed:
+        return []
+    return ["", "Pass-cost curve points that failed (not used; a candidate needing one was not priced at that "
+            "batch, and where window 1 failed only AR was):", ""] + [f"- {why}" for why in failed.values()]
 
 
 def candidates_markdown(choice: SpeedChoice) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import zlib
 from typing import Any
 
@@ -139,7 +140,25 @@ def json_checksum(obj: Any) -> str:
     return f"{zlib.crc32(json.dumps(obj, sort_keys=True).encode()):08x}"
 
 
+# What a TensorStore status code says of a checkpoint's data files, for a reader who never met TensorStore.
+_STATUS_MEANING = {"OUT_OF_RANGE": "a data file is truncated",
+                   "DATA_LOSS": "a data file's bytes are corrupt"}
+_STATUS = re.compile(r"([A-Z][A-Z_]+): ")
+_OBJECT_REPR = re.compile(r"\s*(See full \w+ details:\s*)?<[\w.]+[ >].*")
+
+
 def describe_error(e: BaseException) -> str:
-    """The first line of an I/O library's error (TensorStore's run to hundreds of lines)."""
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"[:400]
+    """A short cause for an I/O library's error: the first line of the error it was raised from (Orbax
+    wraps TensorStore's error in one whose text is an object's repr cut mid-way, `<bound method … of
+    TensorStore({`), object reprs dropped, and a TensorStore status code's meaning first."""
+    for _ in range(8):  # the explicit `raise … from` chain only: its root is the library's own error
+        if e.__cause__ is None:
+            break
+        e = e.__cause__
+    lines = str(e).strip().splitlines()
+    text = _OBJECT_REPR.sub("", lines[0] if lines else "").rstrip(" .:(") or type(e).__name__
+    status = _STATUS.match(text)
+    if status:  # TensorStore's errors are ValueErrors whose text starts with the status code
+        meaning = _STATUS_MEANING.get(status.group(1))
+        return (f"{meaning}; {text}" if meaning else text)[:400]
+    return f"{type(e).__name__}: {text}"[:400]

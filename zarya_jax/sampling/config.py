@@ -142,11 +142,15 @@ class GenerationConfig:
                 raise ValueError(f"prompts[{i}] has token id {int(arr.min() if arr.min() < 0 else arr.max())} "
                                  f"outside the vocabulary [0, {mc.vocab_size})")
             if mc is not None:
-                need = len(p) + self.max_new_tokens + self.mode.lookahead()
+                look = self.mode.lookahead()
+                need = len(p) + self.max_new_tokens + look
                 if need > mc.max_position_embeddings:
-                    raise ValueError(
-                        f"prompts[{i}] has {len(p)} tokens; with max_new_tokens={self.max_new_tokens} it needs "
-                        f"{need} positions but the model has max_position_embeddings={mc.max_position_embeddings}")
+                    # Every term named with the knob behind it: the mode's rows are not the prompt's or the budget's.
+                    terms = f"{len(p)} prompt + {self.max_new_tokens} new (max_new_tokens={self.max_new_tokens})"
+                    if look:
+                        terms += f" + {look} look-ahead rows of {self.mode.lookahead_source()}"
+                    raise ValueError(f"prompts[{i}] needs {need} positions ({terms}) but the model has "
+                                     f"max_position_embeddings={mc.max_position_embeddings}")
 
 
 def _int_at_least(name: str, value: Any, low: int) -> None:

@@ -94,6 +94,9 @@ class Fused(spec.Speculative):
     def lookahead(self) -> int:
         return 2 * self.draft_length  # the last scenario rows reach K positions past the last draft
 
+    def lookahead_source(self) -> str:
+        return "2 × " + super().lookahead_source()
+
     def short(self) -> str:
         return f"K={self.draft_length}" + (f" S={self.scenarios}" if self.scenarios else "") + self.proposal_label()
 

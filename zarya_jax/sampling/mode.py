@@ -78,6 +78,11 @@ class Mode:
         `max_position_embeddings`). Default 0."""
         return 0
 
+    def lookahead_source(self) -> str:
+        """The knob `lookahead` comes from, for the error that the positions run out (e.g. "spec-self's
+        draft_length=8"): its rows are a mode's, not the prompt's or the budget's. Default "" (none)."""
+        return ""
+
     def short(self) -> str:
         """A short label of the point's knobs for reports and frontier plots; default "field=value" of the
         non-default fields."""

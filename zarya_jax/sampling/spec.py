@@ -104,6 +104,9 @@ class Speculative(Mode):
             return self
         return dataclasses.replace(self, proposal_temperature=type(self).proposal_temperature)
 
+    def lookahead_source(self) -> str:  # every speculative mode's look-ahead is set by its draft length
+        return f"{self.name}'s draft_length={self.draft_length}"
+
     def proposal_label(self) -> str:
         """"", " argmax" or " tempered τ=…" for `short`."""
         if self.proposal == "sample":

@@ -1,0 +1,164 @@
+"""Each lossless mode's speed-up predicted for a target before a chip is booked (docs/decoding.md#predicted-for-a-target).
+
+    run(PredictSettings(target="tpu:v5e:4x4", preset="qwen3-1.7b", batches=(1, 64), prompt=1024, new=8192),
+        points=workdir_points("runs/quickstart"))        # or alpha_points(0.8)
+
+1. The pass-cost curve c(b, W) from the target's compiler at the preset's real shape (`compiler_curve`):
+   every pass a candidate's cycle runs (`sampling.passes.cycle_windows`), at each batch, against the mean
+   live context of a `prompt` + `new` decode, costed by `bench.aot.pass_counts` and priced at the roofline
+   (`bench.roofline`: max(bytes ÷ HBM bandwidth, FLOPs ÷ peak) per chip, the chip's data-sheet figures).
+2. The acceptance: each lossless frontier point's tokens per forward measured in a workdir
+   (`workdir_points`: the experiment's validation frontier), or a given acceptance rate α
+   (`alpha_points`: a cycle of F drafts yields (1 − α^(F+1)) ÷ (1 − α) tokens in expectation).
+3. The same pricing as this device's measured curve gets (`eval.speed.predict`): a point's speed-up over AR
+   is (tpf ÷ tpf_AR) · c(b, 1) ÷ the mean of c(b, W) over its cycle's passes; per batch the knobs predicted
+   fastest are chosen (AR unless a point beats it).
+
+It is the compiler's cost model, never a measurement: what a cycle does besides its passes (acceptance,
+sampling, the loop) and what the chip loses to launches and collectives are not in it, and a workdir's
+acceptance was measured at its own answers' lengths, not at `new`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from .. import target as target_lib
+from ..config import ConfigError
+from ..eval import speed as speed_lib
+from ..eval.evaluate import generation_config
+from ..eval.results import FrontierPoint
+from ..sampling import modes as modes_lib
+from ..sampling import passes
+from ..train import sharding as shd
+from . import aot
+from . import roofline as rl
+from .results import markdown_table
+from .train import model_config
+
+DRAFT_LENGTHS = (2, 4, 8)  # the draft lengths an α prediction prices, per lossless mode
+
+
+@dataclasses.dataclass(frozen=True)
+class PredictSettings:
+    """A target (`zarya_jax.target`), a preset in the compute dtype, the batch sizes, a decode of `prompt` +
+    `new` tokens per row, on `mesh` (default: the batch over every chip)."""
+
+    target: str = "tpu:v5e:4x4"
+    preset: str = "qwen3-1.7b"
+    batches: tuple[int, ...] = (1, 64)
+    prompt: int = 1024
+    new: int = 8192
+    mesh: shd.MeshConfig = shd.MeshConfig(data=1, fsdp=-1, tensor=1)
+
+    def check(self) -> None:
+        """ConfigError naming the first bad setting (before anything compiles)."""
+        target_lib.parse(self.target)
+        model_config(self.preset)
+        if not self.batches or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in self.batches):
+            raise ConfigError(f"--batches {','.join(map(str, self.batches))}: expected positive integers")
+        for name in ("prompt", "new"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name}={getattr(self, name)}: expected a positive integer")
+
+
+def expected_tokens(alpha: float, drafts: int) -> float:
+    """Tokens a cycle of `drafts` drafts yields in expectation when each is accepted with probability α
+    (independently, until the first rejection; the correction or bonus token always): (1 − α^(F+1)) ÷ (1 − α)."""
+    return drafts + 1.0 if alpha == 1 else (1 - alpha ** (drafts + 1)) / (1 - alpha)
+
+
+def check_alpha(alpha: float) -> None:
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or not 0 <= alpha < 1:
+        raise ConfigError(f"--alpha={alpha!r}: expected an acceptance rate in [0, 1)")
+
+
+def alpha_points(alpha: float, draft_lengths: tuple[int, ...] = DRAFT_LENGTHS, new: int = 64) -> list[FrontierPoint]:
+    """AR and every lossless mode whose cycle the curve prices, at each draft length, with the tokens per
+    forward a per-draft acceptance rate α gives (`expected_tokens` ÷ the cycle's passes)."""
+    check_alpha(alpha)
+    out = [_point("ar", {}, 1.0)]
+    for name, cls in modes_lib.MODES.items():
+        if not cls.lossless or name == "ar":
+            continue
+        for f in draft_lengths:
+            cycle = passes.cycle_windows(generation_config(name, new, {name: {"draft_length": f}}))
+            if cycle is not None:
+                out.append(_point(name, {"draft_length": f}, expected_tokens(alpha, f) / len(cycle)))
+    return out
+
+
+def _point(mode: str, knobs: dict, tpf: float) -> FrontierPoint:
+    label = " ".join(f"{k}={v}" for k, v in knobs.items())
+    return FrontierPoint(mode=mode, label=f"{mode} {label}".strip(), knobs=knobs, point=label, accuracy=float("nan"),
+                         tokens_per_forward=tpf, tokens_per_s=0.0, examples=0, correct=[])
+
+
+def workdir_points(report) -> list[FrontierPoint]:
+    """AR and the lossless points of an experiment's validation frontier (`experiment.calibrate.read_report`'s
+    report), with their measured tokens per forward; ConfigError when it has none to price."""
+    frontier = report.frontier
+    if frontier is None or not frontier.points:
+        raise ConfigError("the workdir's report has no validation frontier (frontier.enabled=false), so no "
+                          "acceptance was measured there: run the experiment with its frontier, or give --alpha")
+    points = [p for p in frontier.points if p.mode == "ar" or modes_lib.MODES[p.mode].lossless]
+    if not any(p.mode == "ar" for p in points):
+        raise ConfigError("the workdir's frontier has no AR point to compare against: add 'ar' to eval.modes")
+    return points
+
+
+def compiler_curve(cfg, mesh, batches, windows, rows: int, log=None) -> list[dict]:
+    """c(b, W) at the roofline by the target compiler's counts (`bench.aot.pass_counts`), rows of the shape
+    `sampling.passes.pass_costs` measures ({batch, window, ms_per_pass, …}) plus gbytes, gflops, bound."""
+    chip = rl.Chip.of(mesh.devices.flat[0])
+    if chip is None:
+        raise ConfigError(f"device kind {mesh.devices.flat[0].device_kind!r} has no bandwidth and peak in the "
+                          "tables (train.metrics): predict for a TPU or GPU target")
+    out = []
+    for b in batches:
+        for w in windows:
+            c = aot.pass_counts(cfg, mesh, b, w, rows)
+            out.append({"batch": b, "window": w, "ms_per_pass": 1e3 * chip.seconds(c), "gbytes": c.bytes / 1e9,
+                        "gflops": c.flops / 1e9, "bound": chip.bound(c), "source": "compiler"})
+            if log:
+                log(f"batch {b}, window {w}: {out[-1]['ms_per_pass']:.3f} ms per pass by the cost model "
+                    f"({out[-1]['bound']}-bound)")
+    return out
+
+
+def run(s: PredictSettings, points: list[FrontierPoint], acceptance: str, log=None) -> tuple[dict, str]:
+    """(results, Markdown): the curve, and per batch every priced candidate with its predicted tokens/s, the
+    knobs predicted fastest marked. `acceptance` says where the points' tokens per forward come from."""
+    s.check()
+    mesh = shd.make_mesh(s.mesh, target_lib.devices(s.target))
+    cfg = model_config(s.preset, param_dtype="bfloat16", dtype="bfloat16")
+    priced = speed_lib.costed(points, s.new)
+    windows = sorted({1} | {w for _, ws in priced for w in ws})
+    rows = rl.live_rows(s.prompt + s.new // 2, cfg.cache_block)
+    curve = compiler_curve(cfg, mesh, s.batches, windows, rows, log)
+    per_batch = []
+    for b in s.batches:
+        ar_ms = next(r["ms_per_pass"] for r in curve if r["batch"] == b and r["window"] == 1)
+        cands = speed_lib.predict(points, curve, b, s.new)
+        rows_b = [{"batch": b, "mode": c.mode, "knobs": c.point or "", "tokens_per_forward": c.tokens_per_forward,
+                   "predicted_vs_ar": c.predicted_speedup,
+                   "predicted_tokens_per_s": 1e3 * b / ar_ms * c.predicted_speedup} for c in cands]
+        best = max(rows_b, key=lambda r: r["predicted_vs_ar"])
+        per_batch.append({"batch": b, "chosen": f"{best['mode']} {best['knobs']}".strip(), "candidates": rows_b})
+    results = {"target": s.target, "preset": s.preset, "mesh": "/".join(str(mesh.shape[a]) for a in shd.MESH_AXES),
+               "prompt": s.prompt, "new": s.new, "live_rows": rows, "acceptance": acceptance,
+               "label": "predicted by the target compiler's cost model, not measured", "curve": curve,
+               "batches": per_batch}
+    return results, markdown(results)
+
+
+def markdown(results: dict) -> str:
+    md = [f"# Predicted for {results['target']} ({results['preset']}, mesh {results['mesh']}, {results['prompt']} + "
+          f"{results['new']} tokens per row): {results['label']}", "",
+          f"Acceptance: {results['acceptance']}. Pass-cost curve at {results['live_rows']} live cache rows:", "",
+          markdown_table(results["curve"], ["batch", "window", "ms_per_pass", "gbytes", "gflops", "bound"])]
+    for b in results["batches"]:
+        md += [f"Batch {b['batch']}: predicted fastest **{b['chosen']}**", "",
+               markdown_table(b["candidates"], ["mode", "knobs", "tokens_per_forward", "predicted_vs_ar",
+                                                "predicted_tokens_per_s"])]
+    return "\n".join(md)
