@@ -142,3 +142,20 @@ def test_aot_roofline_rows(tmp_path):
     assert spec["gbytes"] == pytest.approx(sum(p["gbytes"] for p in spec["passes"]))
     md = aot.markdown(compiled)
     assert "Roofline per chip" in md and "| tpu:v5e:2x2 | tiny | spec-lora | 8 | 256 |" in md  # its passes
+
+
+def test_device_check_smoke_prints_measured_beside_predicted(tmp_path):
+    """`bench check --smoke`: the device check's code on this CPU with the tiny preset, predicted for a TPU
+    topology (a CPU has no bandwidth and peak in the tables): every curve point measured or failed and
+    predicted, and each cycle's cost in AR steps predicted beside the measured one."""
+    from experiments.bench.__main__ import main as bench_main
+
+    assert bench_main(["--out", str(tmp_path), "check", "--smoke"]) == 0
+    result = json.loads((tmp_path / "check.json").read_text())
+    (preset,) = result["presets"]
+    assert result["predicted_for"] == "TPU v5 lite" and result["label"] == predict.LABEL
+    assert [(r["batch"], r["window"]) for r in preset["curve"]] == [(2, 1), (2, 2)]
+    assert all(r["predicted_ms"] > 0 for r in preset["curve"])
+    cycles = {r["mode"]: r["predicted_cycle_in_ar_steps"] for r in preset["decode"]}
+    assert cycles["ar"] == 1.0 and cycles["spec-self"] > 1.0 and cycles["spec-self-fused"] > 1.0
+    assert "measured beside predicted" in (tmp_path / "check.md").read_text()

@@ -129,6 +129,16 @@ def _gpu_memory() -> dict[str, int]:
     return {field("device_description_str", t): int(field("device_memory_size", t)) for t in texts}
 
 
+def gpu_kind(target: str) -> tuple[str, int]:
+    """'gpu:h100x8' → (its GPUs' `device_kind` from the target config, 8), without the CUDA plugin."""
+    platform, topology = parse(target)
+    if platform != "gpu":
+        raise ConfigError(f"target {target!r}: expected a gpu:MODEL[xN] target")
+    model, count = _GPU.fullmatch(topology).groups()
+    text = (GPU_CONFIGS / f"{model}.txtpb").read_text()
+    return re.search(r"device_description_str: \"([^\"]+)\"", text)[1], int(count or 1)
+
+
 def hbm_bytes(device: jax.Device) -> int | None:
     """Memory one chip of `device`'s kind has (None: unknown, e.g. a CPU device). A GPU's is all of it; JAX
     preallocates 75% of it unless told otherwise (XLA_PYTHON_CLIENT_MEM_FRACTION)."""

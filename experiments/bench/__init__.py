@@ -8,6 +8,7 @@
     python -m experiments.bench plan        [--presets qwen3-0.6b --devices 8,64]
     python -m experiments.bench aot         [--target tpu:v5e:4x4 --presets qwen3-1.7b]
     python -m experiments.bench device      [--smoke]
+    python -m experiments.bench check       [--smoke]            # the device check: measured beside predicted
     python -m experiments.bench cycle       [--ckpt CKPT --adapter DIR --data test.jsonl] [--batch 1] [--smoke]
     python -m experiments.bench live        [--live 1024 --factors 8 --prompt 1024 --new 8192]
 

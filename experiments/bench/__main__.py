@@ -2,11 +2,11 @@
 
 from . import __doc__ as DOC
 from .. import cli
-from . import aot, cycle, device, forward, generate, harness, length, live, plan, spec, train, transforms
+from . import aot, check, cycle, device, forward, generate, harness, length, live, plan, spec, train, transforms
 
 BENCHMARKS = {"forward": forward, "train": train, "generate": generate, "spec": spec, "transforms": transforms,
               "plan": plan, "aot": aot, "device": device, "cycle": cycle,
-              "live": live, "length": length}
+              "live": live, "length": length, "check": check}
 
 
 def main(argv=None) -> int:

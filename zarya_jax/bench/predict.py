@@ -23,6 +23,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
 from .. import target as target_lib
 from ..config import ConfigError
 from ..eval import speed as speed_lib
@@ -37,6 +41,7 @@ from .results import markdown_table
 from .train import model_config
 
 DRAFT_LENGTHS = (2, 4, 8)  # the draft lengths an α prediction prices, per lossless mode
+LABEL = "predicted by the target compiler's cost model, not measured"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,48 +112,90 @@ def workdir_points(report) -> list[FrontierPoint]:
     return points
 
 
-def compiler_curve(cfg, mesh, batches, windows, rows: int, log=None) -> list[dict]:
-    """c(b, W) at the roofline by the target compiler's counts (`bench.aot.pass_counts`), rows of the shape
-    `sampling.passes.pass_costs` measures ({batch, window, ms_per_pass, …}) plus gbytes, gflops, bound."""
-    chip = rl.Chip.of(mesh.devices.flat[0])
+STAND_IN = "tpu:v5e:4x4"  # whose compiler counts a pass where the target's gives no counts (a GPU)
+
+
+def stand_in(mesh_config: shd.MeshConfig, chips: int):
+    """A mesh of `chips` chips of `STAND_IN`, the counting mesh for a target whose compiler gives no counts:
+    XLA:GPU gives no cost analysis when it compiles for a GPU topology without a GPU. A decode pass's bytes
+    are its weights and K/V whichever compiler fuses it, and its FLOPs its matmuls'."""
+    devices = target_lib.devices(STAND_IN)
+    if chips > len(devices):
+        raise ConfigError(f"a target of {chips} GPUs: its passes are counted by the TPU compiler on {STAND_IN}'s "
+                          f"{len(devices)} chips, which is fewer")
+    return shd.make_mesh(mesh_config, devices[:chips])
+
+
+def target_mesh(target: str, mesh_config: shd.MeshConfig):
+    """(the mesh whose compiler counts the target's passes, the target's `Chip`): a TPU target's own devices;
+    a GPU target's count on `stand_in`, priced at the GPU's data-sheet figures (no CUDA plugin needed)."""
+    platform, _ = target_lib.parse(target)
+    if platform == "gpu":
+        kind, count = target_lib.gpu_kind(target)
+        return stand_in(mesh_config, count), rl.Chip.of_kind(kind)
+    mesh = shd.make_mesh(mesh_config, target_lib.devices(target))
+    return mesh, rl.Chip.of(mesh.devices.flat[0])
+
+
+def counts_or_stand_in(mesh):
+    """`mesh` when its compiler gives counts (a TPU, a real GPU), else a `stand_in` of its shape."""
+    probe = jax.jit(lambda x: x @ x).lower(jax.ShapeDtypeStruct((8, 8), jnp.float32, sharding=jax.sharding.NamedSharding(
+        jax.sharding.Mesh(np.array(mesh.devices.flat[:1]), ("x",)), jax.sharding.PartitionSpec())))
+    try:
+        rl.counts(probe.compile())
+        return mesh
+    except rl.NoCostAnalysis:
+        return stand_in(shd.MeshConfig(**{a: mesh.shape.get(a, 1) for a in shd.MESH_AXES}), mesh.devices.size)
+
+
+def compiler_curve(cfg, mesh, chip: rl.Chip | None, batches, windows, rows: int, log=None) -> list[dict]:
+    """c(b, W) at the roofline of `chip` by the compiler's counts on `mesh` (`bench.aot.pass_counts`): rows of
+    the shape `sampling.passes.pass_costs` measures ({batch, window, ms_per_pass, …}) plus gbytes, gflops,
+    bound and `counted_on` (the chips whose compiler counted)."""
     if chip is None:
         raise ConfigError(f"device kind {mesh.devices.flat[0].device_kind!r} has no bandwidth and peak in the "
                           "tables (train.metrics): predict for a TPU or GPU target")
+    counted = counts_or_stand_in(mesh)
     out = []
     for b in batches:
         for w in windows:
-            c = aot.pass_counts(cfg, mesh, b, w, rows)
+            c = aot.pass_counts(cfg, counted, b, w, rows)
             out.append({"batch": b, "window": w, "ms_per_pass": 1e3 * chip.seconds(c), "gbytes": c.bytes / 1e9,
-                        "gflops": c.flops / 1e9, "bound": chip.bound(c), "source": "compiler"})
+                        "gflops": c.flops / 1e9, "bound": chip.bound(c),
+                        "counted_on": counted.devices.flat[0].device_kind})
             if log:
                 log(f"batch {b}, window {w}: {out[-1]['ms_per_pass']:.3f} ms per pass by the cost model "
                     f"({out[-1]['bound']}-bound)")
     return out
 
 
-def run(s: PredictSettings, points: list[FrontierPoint], acceptance: str, log=None) -> tuple[dict, str]:
-    """(results, Markdown): the curve, and per batch every priced candidate with its predicted tokens/s, the
-    knobs predicted fastest marked. `acceptance` says where the points' tokens per forward come from."""
-    s.check()
-    mesh = shd.make_mesh(s.mesh, target_lib.devices(s.target))
-    cfg = model_config(s.preset, param_dtype="bfloat16", dtype="bfloat16")
-    priced = speed_lib.costed(points, s.new)
+def price(cfg, mesh, chip, points: list[FrontierPoint], batches, prompt: int, new: int, log=None) -> tuple[list, list]:
+    """(the compiler's curve, per batch {batch, chosen, candidates}) for model `cfg` on `mesh`: every priced
+    candidate with its predicted speed-up and tokens/s, the one predicted fastest chosen (AR unless beaten)."""
+    priced = speed_lib.costed(points, new)
     windows = sorted({1} | {w for _, ws in priced for w in ws})
-    rows = rl.live_rows(s.prompt + s.new // 2, cfg.cache_block)
-    curve = compiler_curve(cfg, mesh, s.batches, windows, rows, log)
+    curve = compiler_curve(cfg, mesh, chip, batches, windows, rl.live_rows(prompt + new // 2, cfg.cache_block), log)
     per_batch = []
-    for b in s.batches:
+    for b in batches:
         ar_ms = next(r["ms_per_pass"] for r in curve if r["batch"] == b and r["window"] == 1)
-        cands = speed_lib.predict(points, curve, b, s.new)
-        rows_b = [{"batch": b, "mode": c.mode, "knobs": c.point or "", "tokens_per_forward": c.tokens_per_forward,
-                   "predicted_vs_ar": c.predicted_speedup,
-                   "predicted_tokens_per_s": 1e3 * b / ar_ms * c.predicted_speedup} for c in cands]
-        best = max(rows_b, key=lambda r: r["predicted_vs_ar"])
-        per_batch.append({"batch": b, "chosen": f"{best['mode']} {best['knobs']}".strip(), "candidates": rows_b})
+        rows = [{"batch": b, "mode": c.mode, "knobs": c.point or "", "tokens_per_forward": c.tokens_per_forward,
+                 "predicted_vs_ar": c.predicted_speedup, "predicted_tokens_per_s": 1e3 * b / ar_ms * c.predicted_speedup}
+                for c in speed_lib.predict(points, curve, b, new)]
+        best = max(rows, key=lambda r: r["predicted_vs_ar"])
+        per_batch.append({"batch": b, "chosen": f"{best['mode']} {best['knobs']}".strip(), "candidates": rows})
+    return curve, per_batch
+
+
+def run(s: PredictSettings, points: list[FrontierPoint], acceptance: str, log=None) -> tuple[dict, str]:
+    """(results, Markdown): `price` for the settings' target and preset (in bf16). `acceptance` says where
+    the points' tokens per forward come from."""
+    s.check()
+    mesh, chip = target_mesh(s.target, s.mesh)
+    cfg = model_config(s.preset, param_dtype="bfloat16", dtype="bfloat16")
+    curve, per_batch = price(cfg, mesh, chip, points, s.batches, s.prompt, s.new, log)
     results = {"target": s.target, "preset": s.preset, "mesh": "/".join(str(mesh.shape[a]) for a in shd.MESH_AXES),
-               "prompt": s.prompt, "new": s.new, "live_rows": rows, "acceptance": acceptance,
-               "label": "predicted by the target compiler's cost model, not measured", "curve": curve,
-               "batches": per_batch}
+               "prompt": s.prompt, "new": s.new, "live_rows": rl.live_rows(s.prompt + s.new // 2, cfg.cache_block),
+               "acceptance": acceptance, "label": LABEL, "curve": curve, "batches": per_batch}
     return results, markdown(results)
 
 
@@ -156,7 +203,8 @@ def markdown(results: dict) -> str:
     md = [f"# Predicted for {results['target']} ({results['preset']}, mesh {results['mesh']}, {results['prompt']} + "
           f"{results['new']} tokens per row): {results['label']}", "",
           f"Acceptance: {results['acceptance']}. Pass-cost curve at {results['live_rows']} live cache rows:", "",
-          markdown_table(results["curve"], ["batch", "window", "ms_per_pass", "gbytes", "gflops", "bound"])]
+          markdown_table(results["curve"], ["batch", "window", "ms_per_pass", "gbytes", "gflops", "bound",
+                                            "counted_on"])]
     for b in results["batches"]:
         md += [f"Batch {b['batch']}: predicted fastest **{b['chosen']}**", "",
                markdown_table(b["candidates"], ["mode", "knobs", "tokens_per_forward", "predicted_vs_ar",

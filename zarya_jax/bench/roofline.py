@@ -50,10 +50,17 @@ class Counts:
                       self.loops)
 
 
+class NoCostAnalysis(RuntimeError):
+    """The compiler gave no counts (XLA:GPU compiling for a topology, with no GPU, gives none)."""
+
+
 def counts(compiled, text: str | None = None) -> Counts:
     """The compiler's counts of one compiled program (`text`: its lowered StableHLO, for the loops left in it)."""
     cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, (list, tuple)) else cost  # a list of one dict in older JAX
+    cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost  # a list of one dict in older JAX
+    if not cost:
+        raise NoCostAnalysis("the compiler gave no cost analysis for this program (XLA:GPU gives none when it "
+                             "compiles for a GPU topology without a GPU)")
     opt = float(cost.get("optimal_seconds", 0.0))
     return Counts(float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)), opt if opt > 0 else None,
                   0 if text is None else len(re.findall(r"stablehlo\.while", text)))
@@ -86,8 +93,12 @@ class Chip:
     @classmethod
     def of(cls, device) -> "Chip | None":
         """None for a device the tables do not know (e.g. a CPU)."""
-        bw, peak = _lookup(HBM_BANDWIDTH, device.device_kind), _lookup(PEAK_FLOPS, device.device_kind)
-        return None if bw is None or peak is None else cls(device.device_kind, bw, peak)
+        return cls.of_kind(device.device_kind)
+
+    @classmethod
+    def of_kind(cls, kind: str) -> "Chip | None":
+        bw, peak = _lookup(HBM_BANDWIDTH, kind), _lookup(PEAK_FLOPS, kind)
+        return None if bw is None or peak is None else cls(kind, bw, peak)
 
     def seconds(self, c: Counts) -> float:
         """The roofline time of `c`: max(bytes ÷ bandwidth, FLOPs ÷ peak)."""
