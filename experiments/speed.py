@@ -30,11 +30,14 @@ directory, when the workdir's recorded path no longer exists and it is not the w
 **Predicted for a target** (`--target`; no chip needed, `zarya_jax.bench.predict`): each lossless mode's
 speed-up over AR on the target at a preset's real shape, from the target compiler's cost model (the TPU
 compiler through libtpu, XLA:GPU through the CUDA plugin) and the acceptance the workdir's frontier measured,
-or a per-draft acceptance rate `--alpha` (then the workdir may be left out); nothing is timed:
+or a per-draft acceptance rate `--alpha` (then the workdir may be left out), or per answer budget the
+tokens per forward a `bench length` table measured (`--length-table`, beside its measured speed-ups);
+nothing is timed:
 
     python -m experiments.speed runs/quickstart --target tpu:v5e:4x4 --preset qwen3-1.7b --batches 1,64 \
         --prompt 1024 --new 8192
     python -m experiments.speed --alpha 0.8 --target gpu:h100 --preset qwen3-1.7b
+    python -m experiments.speed --target tpu:v5e:4x4 --length-table runs/bench/length.json --prompt 128
 
 The curve, every priced candidate and the knobs predicted fastest per batch are printed, labelled as the
 cost model's; `--out` (default `WORKDIR/eval/predicted-<target>.json` with a workdir) gets them as JSON.
@@ -43,6 +46,7 @@ Exit status: 0 done, 2 bad input (one `error:` line, nothing written).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -84,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--alpha", type=float, default=None,
                    help="a per-draft acceptance rate in [0, 1) instead of the workdir's measured acceptance")
     t.add_argument("--draft-lengths", default="2,4,8", help="with --alpha: the draft lengths priced per mode")
+    t.add_argument("--length-table", default=None,
+                   help="a `bench length` result (length.json): predict per answer budget, beside what it measured")
     return p
 
 
@@ -118,6 +124,8 @@ def _predicted(args) -> int:
     s = predict.PredictSettings(target=args.target, preset=args.preset, batches=batches, prompt=args.prompt,
                                 new=args.new, mesh=mesh_config(args.mesh))
     s.check()
+    if args.length_table is not None:
+        return _by_length(args, s)
     if args.alpha is not None:
         points, acceptance = predict.alpha_points(args.alpha, lengths), f"a given rate α = {args.alpha:g} per draft"
     elif args.workdir is None:
@@ -129,13 +137,34 @@ def _predicted(args) -> int:
                                                      f"predicted-{args.target.replace(':', '-')}.json"))
     if out:
         check_writable_file(out, "--out")
-    log = None if args.no_progress else lambda line: print(line, file=sys.stderr, flush=True)
+    log = None if args.no_progress else _stderr
     results, md = predict.run(s, points, acceptance, log=log)
     print(md)
     if out:
         atomic_write_json(out, results)
         print(f"\nwrote {out}")
     return 0
+
+
+def _by_length(args, s) -> int:
+    try:
+        with open(args.length_table) as f:
+            table = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--length-table {args.length_table!r}: cannot read it as JSON ({e})") from None
+    predict.length_points(table)  # a malformed table is refused before anything compiles
+    if args.out:
+        check_writable_file(args.out, "--out")
+    results, md = predict.by_length(s, table, log=None if args.no_progress else _stderr)
+    print(md)
+    if args.out:
+        atomic_write_json(args.out, results)
+        print(f"\nwrote {args.out}")
+    return 0
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _integers(flag: str, text: str) -> tuple[int, ...]:

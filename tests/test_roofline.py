@@ -159,3 +159,25 @@ def test_device_check_smoke_prints_measured_beside_predicted(tmp_path):
     cycles = {r["mode"]: r["predicted_cycle_in_ar_steps"] for r in preset["decode"]}
     assert cycles["ar"] == 1.0 and cycles["spec-self"] > 1.0 and cycles["spec-self-fused"] > 1.0
     assert "measured beside predicted" in (tmp_path / "check.md").read_text()
+
+
+def test_speed_against_answer_length_predicted_beside_measured(tmp_path, capsys):
+    """`--length-table`: per answer budget of a `bench length` result, each mode priced with the tokens per
+    forward measured at that budget, beside the speed-up it measured; a table of another shape is refused."""
+    from experiments.speed import main
+
+    rows = [{"max_new_tokens": 32, "mode": "ar", "tokens_per_forward": 1.0, "speedup": 1.0, "mean_tokens": 30.0},
+            {"max_new_tokens": 32, "mode": "spec-self", "knobs": {"draft_length": 2}, "tokens_per_forward": 1.5,
+             "speedup": 0.9, "mean_tokens": 30.0}]
+    table = tmp_path / "length.json"
+    table.write_text(json.dumps({"device": "cpu", "rows": rows}))
+    out = tmp_path / "by-length.json"
+    base = ["--target", "tpu:v5e:2x2", "--preset", "tiny", "--batches", "1", "--prompt", "16", "--no-progress"]
+    assert main(base + ["--length-table", str(table), "--out", str(out)]) == 0
+    got = {r["mode"]: r for r in json.loads(out.read_text())["rows"]}
+    assert got["ar"]["predicted_vs_ar"] == 1.0 and got["spec-self"]["measured_vs_ar"] == 0.9
+    assert got["spec-self"]["tokens_per_forward"] == 1.5 and got["spec-self"]["predicted_vs_ar"] > 0
+    capsys.readouterr()
+    table.write_text(json.dumps({"rows": rows[1:]}))
+    assert main(base + ["--length-table", str(table), "--out", str(tmp_path / "x.json")]) == 2
+    assert "every answer budget needs its AR row" in capsys.readouterr().err and not (tmp_path / "x.json").exists()

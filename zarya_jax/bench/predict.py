@@ -112,7 +112,9 @@ def workdir_points(report) -> list[FrontierPoint]:
     return points
 
 
-STAND_IN = "tpu:v5e:4x4"  # whose compiler counts a pass where the target's gives no counts (a GPU)
+# Whose compiler counts a pass where the target's gives no counts (a GPU): v5p's 95 GiB per chip hold what a
+# GPU's 80–192 GiB hold at the shapes decoded here, so the stand-in compiles what the GPU would run.
+STAND_IN = "tpu:v5p:2x2x4"
 
 
 def stand_in(mesh_config: shd.MeshConfig, chips: int):
@@ -197,6 +199,48 @@ def run(s: PredictSettings, points: list[FrontierPoint], acceptance: str, log=No
                "prompt": s.prompt, "new": s.new, "live_rows": rl.live_rows(s.prompt + s.new // 2, cfg.cache_block),
                "acceptance": acceptance, "label": LABEL, "curve": curve, "batches": per_batch}
     return results, markdown(results)
+
+
+def length_points(table: dict) -> dict[int, list[FrontierPoint]]:
+    """Per answer budget of a `bench length` table (its `length.json`), each mode's point with the tokens per
+    forward measured at that budget; ConfigError when it is not such a table or has no AR rows."""
+    rows = table.get("rows") if isinstance(table, dict) else None
+    if not rows or any(not {"max_new_tokens", "mode", "tokens_per_forward"} <= set(r) for r in rows):
+        raise ConfigError("--length-table: expected a `bench length` result (length.json: rows of max_new_tokens, "
+                          "mode, tokens_per_forward)")
+    out: dict[int, list[FrontierPoint]] = {}
+    for r in rows:
+        knobs = dict(r.get("knobs") or {})
+        out.setdefault(int(r["max_new_tokens"]), []).append(_point(r["mode"], knobs, float(r["tokens_per_forward"])))
+    if any(all(p.mode != "ar" for p in pts) for pts in out.values()):
+        raise ConfigError("--length-table: every answer budget needs its AR row")
+    return out
+
+
+def by_length(s: PredictSettings, table: dict, log=None) -> tuple[dict, str]:
+    """(results, Markdown): per answer budget of a `bench length` table, each mode's speed-up over AR
+    predicted on the target at that budget (a decode of `prompt` + the budget, the tokens per forward the
+    table measured there) beside the speed-up the table measured on its own device."""
+    s.check()
+    mesh, chip = target_mesh(s.target, s.mesh)
+    cfg = model_config(s.preset, param_dtype="bfloat16", dtype="bfloat16")
+    measured = {(int(r["max_new_tokens"]), r["mode"]): r for r in table["rows"]}
+    rows = []
+    for budget, points in sorted(length_points(table).items()):
+        _, per_batch = price(cfg, mesh, chip, points, s.batches, s.prompt, budget, log)
+        for b in per_batch:
+            for c in b["candidates"]:
+                m = measured[budget, c["mode"]]
+                rows.append({"max_new_tokens": budget, "mean_tokens": m.get("mean_tokens"), "batch": b["batch"],
+                             "mode": c["mode"], "knobs": c["knobs"], "tokens_per_forward": c["tokens_per_forward"],
+                             "predicted_vs_ar": c["predicted_vs_ar"], "measured_vs_ar": m.get("speedup")})
+    results = {"target": s.target, "preset": s.preset, "prompt": s.prompt, "label": LABEL,
+               "measured_on": table.get("device"), "rows": rows}
+    md = [f"# Speed-up against answer length on {s.target} ({s.preset}, prompt {s.prompt}): {LABEL}; measured "
+          f"beside it on {table.get('device')}, the table's own device", "",
+          markdown_table(rows, ["max_new_tokens", "mean_tokens", "batch", "mode", "knobs", "tokens_per_forward",
+                                "predicted_vs_ar", "measured_vs_ar"])]
+    return results, "\n".join(md)
 
 
 def markdown(results: dict) -> str:
