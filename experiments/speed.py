@@ -131,7 +131,7 @@ def _predicted(args) -> int:
     elif args.workdir is None:
         raise ValueError("--target needs a workdir (its measured acceptance) or --alpha")
     else:
-        points = predict.workdir_points(read_report(args.workdir))
+        points = predict.workdir_points(read_report(args.workdir), chosen=args.points == "chosen")
         acceptance = f"tokens per forward measured on {args.workdir}'s validation frontier"
     out = args.out or (args.workdir and os.path.join(args.workdir, "eval",
                                                      f"predicted-{args.target.replace(':', '-')}.json"))

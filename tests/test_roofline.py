@@ -181,3 +181,12 @@ def test_speed_against_answer_length_predicted_beside_measured(tmp_path, capsys)
     table.write_text(json.dumps({"rows": rows[1:]}))
     assert main(base + ["--length-table", str(table), "--out", str(tmp_path / "x.json")]) == 2
     assert "every answer budget needs its AR row" in capsys.readouterr().err and not (tmp_path / "x.json").exists()
+
+
+def test_a_pass_the_chips_cannot_hold_is_refused_in_its_row(mesh):
+    """The compiler's refusal (out of HBM) is that point's result, named; no candidate needing it is priced."""
+    chip = rl.Chip.of(mesh.devices.flat[0])
+    (row,) = predict.compiler_curve(CONFIG, mesh, chip, [2048], [1], 400_128)
+    assert row["ms_per_pass"] is None and "batch 2048, window 1: the compiler refused it" in row["failed"]
+    assert "RESOURCE_EXHAUSTED" in row["failed"]
+    assert [c.mode for c in speed_lib.predict(predict.alpha_points(0.5, (2,)), [row], 2048, 64)] == ["ar"]

@@ -28,6 +28,7 @@ import time
 import jax
 
 from .. import model as model_lib
+from ..config import ConfigError
 from ..eval import speed as speed_lib
 from ..sampling import GenerationConfig, passes
 from ..train import sharding as shd
@@ -100,9 +101,13 @@ def _preset(s: CheckSettings, name: str, mesh, chip, bandwidth, due) -> dict:
     cycles = {m: passes.cycle_windows(GenerationConfig(mode=k))
               for m, k in decode_modes(s.draft_length, s.fused_k).items()}
     windows = sorted(set(s.windows) | {w for ws in cycles.values() for w in ws})
-    predicted = {} if chip is None else {
-        (r["batch"], r["window"]): r["ms_per_pass"]
-        for r in predict.compiler_curve(cfg, mesh, chip, s.batches, windows, rl.live_rows(s.context, cfg.cache_block))}
+    predicted, why = {}, None
+    if chip is not None:
+        try:
+            predicted = {(r["batch"], r["window"]): r["ms_per_pass"] for r in predict.compiler_curve(
+                cfg, mesh, chip, s.batches, windows, rl.live_rows(s.context, cfg.cache_block))}
+        except ConfigError as e:  # e.g. no counts here and no libtpu for the stand-in: the measurements still run
+            why = str(e)
     curve = [{**{k: r[k] for k in ("batch", "window", "ms_per_pass")},
               "predicted_ms": predicted.get((r["batch"], r["window"])),
               "measured_vs_predicted": _ratio(r["ms_per_pass"], predicted.get((r["batch"], r["window"])))}
@@ -119,7 +124,7 @@ def _preset(s: CheckSettings, name: str, mesh, chip, bandwidth, due) -> dict:
             decode.append({**row, "cycle_in_ar_steps": _ratio(row["ms_per_pass"], ar_ms),
                            "predicted_cycle_in_ar_steps": None if None in cost or (b, 1) not in predicted
                            else sum(cost) / predicted[b, 1]})
-    return {"preset": name, "curve": curve, "decode": decode}
+    return {"preset": name, "curve": curve, "decode": decode, "not_predicted": why}
 
 
 def _race(s: CheckSettings, workdir: str, mesh, chip) -> dict:
@@ -153,8 +158,10 @@ def markdown(results: dict) -> str:
     md = [f"Device check on {results['device']} ({results['platform']}); predicted for {results['predicted_for']} "
           f"({results['label']}); memory: {results['bandwidth_note']}", ""]
     for p in results["presets"]:
-        md += [f"## {p['preset']}: pass-cost curve, measured beside predicted", "",
-               markdown_table(p["curve"], ["batch", "window", "ms_per_pass", "predicted_ms", "measured_vs_predicted"]),
+        md += [f"## {p['preset']}: pass-cost curve, measured beside predicted", ""]
+        if p.get("not_predicted"):
+            md += [f"Not predicted: {p['not_predicted']}", ""]
+        md += [markdown_table(p["curve"], ["batch", "window", "ms_per_pass", "predicted_ms", "measured_vs_predicted"]),
                f"## {p['preset']}: decode (random weights, so a cycle yields about one token)", "",
                markdown_table(p["decode"], ["mode", "batch", "tokens_per_s", "ms_per_pass", "roofline_tokens_per_s",
                                             "fraction_of_roofline", "cycle_in_ar_steps",

@@ -99,14 +99,16 @@ def _point(mode: str, knobs: dict, tpf: float) -> FrontierPoint:
                          tokens_per_forward=tpf, tokens_per_s=0.0, examples=0, correct=[])
 
 
-def workdir_points(report) -> list[FrontierPoint]:
+def workdir_points(report, chosen: bool = False) -> list[FrontierPoint]:
     """AR and the lossless points of an experiment's validation frontier (`experiment.calibrate.read_report`'s
-    report), with their measured tokens per forward; ConfigError when it has none to price."""
+    report), with their measured tokens per forward (`chosen`: only the point the frontier chose per mode);
+    ConfigError when it has none to price."""
     frontier = report.frontier
     if frontier is None or not frontier.points:
         raise ConfigError("the workdir's report has no validation frontier (frontier.enabled=false), so no "
                           "acceptance was measured there: run the experiment with its frontier, or give --alpha")
-    points = [p for p in frontier.points if p.mode == "ar" or modes_lib.MODES[p.mode].lossless]
+    points = list(frontier.chosen.values()) if chosen else frontier.points
+    points = [p for p in points if p.mode == "ar" or modes_lib.MODES[p.mode].lossless]
     if not any(p.mode == "ar" for p in points):
         raise ConfigError("the workdir's frontier has no AR point to compare against: add 'ar' to eval.modes")
     return points
@@ -153,7 +155,9 @@ def counts_or_stand_in(mesh):
 def compiler_curve(cfg, mesh, chip: rl.Chip | None, batches, windows, rows: int, log=None) -> list[dict]:
     """c(b, W) at the roofline of `chip` by the compiler's counts on `mesh` (`bench.aot.pass_counts`): rows of
     the shape `sampling.passes.pass_costs` measures ({batch, window, ms_per_pass, …}) plus gbytes, gflops,
-    bound and `counted_on` (the chips whose compiler counted)."""
+    bound and `counted_on` (the chips whose compiler counted). A pass the compiler refuses (a batch or context
+    the chips cannot hold) is a row with `failed`, the compiler's first line, and no cost: no candidate
+    needing it is priced (`eval.speed.predict`)."""
     if chip is None:
         raise ConfigError(f"device kind {mesh.devices.flat[0].device_kind!r} has no bandwidth and peak in the "
                           "tables (train.metrics): predict for a TPU or GPU target")
@@ -161,7 +165,15 @@ def compiler_curve(cfg, mesh, chip: rl.Chip | None, batches, windows, rows: int,
     out = []
     for b in batches:
         for w in windows:
-            c = aot.pass_counts(cfg, counted, b, w, rows)
+            try:
+                c = aot.pass_counts(cfg, counted, b, w, rows)
+            except Exception as e:  # noqa: BLE001 - the compiler's refusal is this point's result
+                lines = [line for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+                out.append({"batch": b, "window": w, "ms_per_pass": None,
+                            "failed": f"batch {b}, window {w}: the compiler refused it ({lines[0][:200]})"})
+                if log:
+                    log(out[-1]["failed"])
+                continue
             out.append({"batch": b, "window": w, "ms_per_pass": 1e3 * chip.seconds(c), "gbytes": c.bytes / 1e9,
                         "gflops": c.flops / 1e9, "bound": chip.bound(c),
                         "counted_on": counted.devices.flat[0].device_kind})
@@ -179,7 +191,11 @@ def price(cfg, mesh, chip, points: list[FrontierPoint], batches, prompt: int, ne
     curve = compiler_curve(cfg, mesh, chip, batches, windows, rl.live_rows(prompt + new // 2, cfg.cache_block), log)
     per_batch = []
     for b in batches:
-        ar_ms = next(r["ms_per_pass"] for r in curve if r["batch"] == b and r["window"] == 1)
+        ar = next(r for r in curve if r["batch"] == b and r["window"] == 1)
+        if ar["ms_per_pass"] is None:  # AR's own pass refused: nothing at this batch can be priced
+            per_batch.append({"batch": b, "chosen": None, "refused": ar["failed"], "candidates": []})
+            continue
+        ar_ms = ar["ms_per_pass"]
         rows = [{"batch": b, "mode": c.mode, "knobs": c.point or "", "tokens_per_forward": c.tokens_per_forward,
                  "predicted_vs_ar": c.predicted_speedup, "predicted_tokens_per_s": 1e3 * b / ar_ms * c.predicted_speedup}
                 for c in speed_lib.predict(points, curve, b, new)]
@@ -248,8 +264,11 @@ def markdown(results: dict) -> str:
           f"{results['new']} tokens per row): {results['label']}", "",
           f"Acceptance: {results['acceptance']}. Pass-cost curve at {results['live_rows']} live cache rows:", "",
           markdown_table(results["curve"], ["batch", "window", "ms_per_pass", "gbytes", "gflops", "bound",
-                                            "counted_on"])]
+                                            "counted_on", "failed"])]
     for b in results["batches"]:
+        if b["chosen"] is None:
+            md += [f"Batch {b['batch']}: not priced: {b['refused']}", ""]
+            continue
         md += [f"Batch {b['batch']}: predicted fastest **{b['chosen']}**", "",
                markdown_table(b["candidates"], ["mode", "knobs", "tokens_per_forward", "predicted_vs_ar",
                                                 "predicted_tokens_per_s"])]
