@@ -25,18 +25,19 @@ def mesh():
     return shd.make_mesh(shd.MeshConfig(data=1, fsdp=-1, tensor=1), target.devices("tpu:v5e:2x2"))
 
 
-def test_counts_extrapolated_from_two_and_three_layers_match_the_whole_model(mesh):
-    """The compiler counts a loop's body once, so a pass is costed unrolled at two and three layers and
-    extrapolated; the reference is the compiler's count of the whole model, every layer unrolled."""
-    whole = rl.counts(aot.pass_lowered(rl.unrolled(CONFIG, 4), mesh, 4, 4, 256).compile())
-    costed = aot.pass_counts(CONFIG, mesh, 4, 4, 256)
+def test_counts_extrapolated_from_two_and_four_layers_match_the_whole_model(mesh):
+    """The compiler counts a loop's body once, so a pass is costed unrolled at two and four layers and
+    extrapolated; the reference is the compiler's count of the whole six-layer model, every layer unrolled."""
+    deep = CONFIG.replace(num_layers=6)
+    whole = rl.counts(aot.pass_lowered(rl.unrolled(deep, 6), mesh, 4, 4, 256).compile())
+    costed = aot.pass_counts(deep, mesh, 4, 4, 256)
     assert costed.flops == pytest.approx(whole.flops, rel=0.01)
-    assert costed.bytes == pytest.approx(whole.bytes, rel=0.05)
+    assert costed.bytes == pytest.approx(whole.bytes, rel=0.1)  # the cost model's bytes are an estimate
     assert costed.loops == 0
     # the scanned model, as it runs, holds a loop whose body the compiler counts once: a fraction of the layers
     scanned = aot.pass_lowered(CONFIG, mesh, 4, 4, 256)
     once = rl.counts(scanned.compile(), scanned.as_text())
-    assert once.loops >= 1 and once.flops < 0.6 * whole.flops
+    assert once.loops >= 1 and once.flops < 0.5 * whole.flops
 
 
 def test_a_pass_reads_more_as_its_live_rows_grow(mesh):
@@ -50,6 +51,8 @@ def test_chip_roofline_is_the_slower_of_memory_and_compute():
     memory, compute = rl.Counts(flops=1e9, bytes=819e9), rl.Counts(flops=394e12, bytes=1e9)
     assert chip.seconds(memory) == pytest.approx(1.0) and chip.bound(memory) == "memory"
     assert chip.seconds(compute) == pytest.approx(2.0) and chip.bound(compute) == "compute"
+    # bytes counted below what a program must read are raised to it
+    assert chip.seconds(rl.Counts(flops=0.0, bytes=-5.0), least_bytes=819e9) == pytest.approx(1.0)
     assert rl.Chip.of(jax.devices("cpu")[0]) is None
     assert rl.live_rows(1000, 256) == 1024 and rl.live_rows(1000, 0) == 1000
 

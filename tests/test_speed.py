@@ -73,11 +73,10 @@ def test_failed_points_are_at_the_floor_or_out_of_order():
     # one inversion: the wider or bigger, cheaper point is blamed
     assert list(passes.failed_points(curve((1, 1, 1.0), (1, 8, 0.5)))) == [(1, 8)]
     assert list(passes.failed_points(curve((1, 4, 1.0), (2, 4, 0.7)))) == [(2, 4)]
-    # a narrower pass far cheaper per row than a wider one (a smoke run's 0.26 µs one-row pass beside 0.17 ms
-    # for four rows): the narrower is blamed; one a little cheaper per row is allowed
+    # a smoke run's 0.26 µs one-row pass (beside 0.17 ms for four rows) is at the floor; a narrower pass
+    # cheaper per row than a wider one is how a CPU runs (about linear in the rows, or worse), not a failure
     assert list(passes.failed_points(curve((2, 1, 0.00026), (2, 4, 0.165)))) == [(2, 1)]
-    assert list(passes.failed_points(curve((1, 4, 0.5), (2, 4, 2.0)))) == [(1, 4)]
-    assert passes.failed_points(curve((2, 1, 0.035), (2, 4, 0.165))) == {}
+    assert passes.failed_points(curve((1, 4, 0.19), (1, 25, 1.49), (8, 25, 15.4))) == {}
 
 
 def test_prediction_never_uses_a_failed_point():
@@ -191,18 +190,19 @@ def test_pass_cost_curve_matches_a_plain_timing(tiny_config, tiny_params):
 
 def test_loop_slope_raises_the_count_until_the_difference_is_long_enough():
     """`timing.loop_slope_ms` times 1 against 1 + n iterations, n raised ×8 from its start until the n
-    iterations take `min_s`: with 0.1 ms iterations and 5 ms, 8 → 64; then the slope is the iteration's."""
+    iterations take `min_s`: with 1 ms iterations and 40 ms, 8 → 64; then the slope is the iteration's (ms
+    iterations, so that a loaded machine's scheduling jitter stays small beside them)."""
     import time
     budgets = []
 
-    def run(n):  # a stand-in for a compiled loop: 0.1 ms per iteration, its count the argument
+    def run(n):  # a stand-in for a compiled loop: 1 ms per iteration, its count the argument
         budgets.append(n)
-        time.sleep(1e-4 * n)
+        time.sleep(1e-3 * n)
         return jnp.zeros(())
 
-    ms = loop_slope_ms(run, repeats=2, calls=8, min_s=0.005)
+    ms = loop_slope_ms(run, repeats=2, calls=8, min_s=0.04)
     assert max(budgets) == 65 and 9 in budgets and 513 not in budgets
-    assert 0.05 < ms < 0.3
+    assert 0.5 < ms < 3.0
     budgets.clear()
-    loop_slope_ms(run, repeats=1, calls=8, min_s=0.005, max_calls=8)  # the cap: no calibration beyond it
+    loop_slope_ms(run, repeats=1, calls=8, min_s=0.04, max_calls=8)  # the cap: no calibration beyond it
     assert max(budgets) == 9

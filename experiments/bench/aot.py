@@ -39,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--remat", default="true", choices=("true", "false"), help="recompute each layer in the backward")
     p.add_argument("--layer-loop", default="auto", help="GenerationConfig.layer_loop of every decoder: auto, split, scan")
     p.add_argument("--no-roofline", action="store_true",
-                   help="memory only: no roofline rows (each costs compiles of two- and three-layer programs)")
+                   help="memory only: no roofline rows (each costs compiles of two- and four-layer programs)")
 
 
 def settings(args) -> aot.AotSettings:

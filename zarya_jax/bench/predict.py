@@ -155,7 +155,8 @@ def counts_or_stand_in(mesh):
 def compiler_curve(cfg, mesh, chip: rl.Chip | None, batches, windows, rows: int, log=None) -> list[dict]:
     """c(b, W) at the roofline of `chip` by the compiler's counts on `mesh` (`bench.aot.pass_counts`): rows of
     the shape `sampling.passes.pass_costs` measures ({batch, window, ms_per_pass, …}) plus gbytes, gflops,
-    bound and `counted_on` (the chips whose compiler counted). A pass the compiler refuses (a batch or context
+    bound and `counted_on` (the chips whose compiler counted); the bytes priced are never fewer than the pass
+    must read (`roofline.decode_hand_bytes`, `bytes_from` says which). A pass the compiler refuses (a batch or context
     the chips cannot hold) is a row with `failed`, the compiler's first line, and no cost: no candidate
     needing it is priced (`eval.speed.predict`)."""
     if chip is None:
@@ -174,8 +175,10 @@ def compiler_curve(cfg, mesh, chip: rl.Chip | None, batches, windows, rows: int,
                 if log:
                     log(out[-1]["failed"])
                 continue
-            out.append({"batch": b, "window": w, "ms_per_pass": 1e3 * chip.seconds(c), "gbytes": c.bytes / 1e9,
-                        "gflops": c.flops / 1e9, "bound": chip.bound(c),
+            least = rl.decode_hand_bytes(cfg, mesh.devices.size, b, rows)  # what the pass must read per chip
+            out.append({"batch": b, "window": w, "ms_per_pass": 1e3 * chip.seconds(c, least),
+                        "gbytes": c.bytes / 1e9, "hand_gbytes": least / 1e9, "gflops": c.flops / 1e9,
+                        "bound": chip.bound(c, least), "bytes_from": "counted" if c.bytes >= least else "hand",
                         "counted_on": counted.devices.flat[0].device_kind})
             if log:
                 log(f"batch {b}, window {w}: {out[-1]['ms_per_pass']:.3f} ms per pass by the cost model "
@@ -263,8 +266,8 @@ def markdown(results: dict) -> str:
     md = [f"# Predicted for {results['target']} ({results['preset']}, mesh {results['mesh']}, {results['prompt']} + "
           f"{results['new']} tokens per row): {results['label']}", "",
           f"Acceptance: {results['acceptance']}. Pass-cost curve at {results['live_rows']} live cache rows:", "",
-          markdown_table(results["curve"], ["batch", "window", "ms_per_pass", "gbytes", "gflops", "bound",
-                                            "counted_on", "failed"])]
+          markdown_table(results["curve"], ["batch", "window", "ms_per_pass", "gbytes", "hand_gbytes", "bytes_from",
+                                            "gflops", "bound", "counted_on", "failed"])]
     for b in results["batches"]:
         if b["chosen"] is None:
             md += [f"Batch {b['batch']}: not priced: {b['refused']}", ""]
