@@ -290,10 +290,14 @@ def test_choice_for_time_again_on_this_device(smoke_run, tmp_path, capsys):
     out = str(tmp_path / "chosen.json")
     assert speed_cli.main([str(moved), "--points", "chosen", "--set", "batches=[1]", "--set", "repeats=1",
                            "--set", "examples=2", "--out", out, "--no-progress"]) == 0
-    c = SpeedChoice.load(out).choices[0]
+    again = SpeedChoice.load(out)
+    c = again.choices[0]
     lossless = {"ar", "spec-self", "spec-lora", "spec-self-fused", "spec-lora-fused"}
     chosen = {(m, p["point"]) for m, p in report["frontier"]["chosen"].items() if m in lossless}
-    assert {(x.mode, x.point) for x in c.candidates} == chosen and all(x.tokens_per_s for x in c.candidates)
+    priced = {(x.mode, x.point) for x in c.candidates}
+    # a point a loaded machine measured out of order is never used: only its candidates may be missing
+    assert priced == chosen if not passes.failed_points(again.costs) else ("ar", "") in priced <= chosen
+    assert all(x.tokens_per_s for x in c.candidates)
     # predicted for a TPU target at the model's own shape, with the acceptance the frontier measured
     assert speed_cli.main([str(moved), "--target", "tpu:v5e:2x2", "--preset", "tiny", "--batches", "2", "--prompt",
                            "16", "--new", "16", "--no-progress"]) == 0
