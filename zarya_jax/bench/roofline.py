@@ -50,10 +50,6 @@ class Counts:
         opt = None if self.optimal_s is None or other.optimal_s is None else self.optimal_s + other.optimal_s
         return Counts(self.flops + other.flops, self.bytes + other.bytes, opt, max(self.loops, other.loops))
 
-    def scaled(self, k: float) -> "Counts":
-        return Counts(self.flops * k, self.bytes * k, None if self.optimal_s is None else self.optimal_s * k,
-                      self.loops)
-
 
 class NoCostAnalysis(RuntimeError):
     """The compiler gave no counts (XLA:GPU compiling for a topology, with no GPU, gives none)."""
